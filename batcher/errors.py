@@ -1,0 +1,21 @@
+"""What an engine can refuse or fail with; service/errors.py gives each its HTTP status."""
+
+
+class EngineError(Exception):
+    """Base class."""
+
+
+class QueueFull(EngineError):
+    """Not all of a request's sequences fit: none of them was enqueued (429)."""
+
+
+class NotReady(EngineError):
+    """The engine is still loading, or failed to load, or is disabled (503)."""
+
+
+class ShuttingDown(EngineError):
+    """The engine is stopping and takes no more work; waiting sequences get this (503)."""
+
+
+class RoundFailed(EngineError):
+    """The batch this sequence ran in raised; only that batch's sequences get this (500)."""

@@ -1,0 +1,121 @@
+"""Sequence: one prompt's trip through a batcher, and the object its request thread waits on."""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per prompt, even inside one round. temperature 0 means greedy."""
+
+    max_tokens: int = 20
+    temperature: float = 0.0
+    top_p: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class Status(str, Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+_ids = itertools.count(1)
+
+
+def _next_id() -> str:
+    return f"seq-{next(_ids)}"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """A prompt, its parameters and everything the engine hands back.
+
+    The model thread writes the result fields and then sets `done`; the request thread reads
+    them only after `done` is set. `cancel()` is the one thing the request thread writes: the
+    engine reads it between steps and drops the sequence.
+    """
+
+    prompt: str
+    params: SamplingParams = field(default_factory=SamplingParams)
+    stream: bool = False
+    id: str = field(default_factory=_next_id)
+    status: Status = Status.QUEUED
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None  # "length" | "stop"
+    error: BaseException | None = None
+    # batching details, filled in by the engine that ran it
+    round: int | None = None
+    batch_size: int | None = None
+    batch_shape: tuple[int, ...] | None = None
+    # timestamps (time.monotonic)
+    created_at: float = field(default_factory=time.monotonic)
+    started_at: float | None = None
+    finished_at: float | None = None
+    done: threading.Event = field(default_factory=threading.Event, repr=False)
+    # streamed text pieces, then None at the end; only for stream=True
+    deltas: queue.SimpleQueue | None = field(default=None, repr=False)
+    _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.stream and self.deltas is None:
+            self.deltas = queue.SimpleQueue()
+
+    # --- request thread side -------------------------------------------------------------
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    # --- engine side ---------------------------------------------------------------------
+    def start(self, round_no: int | str, batch_size: int, shape: tuple[int, ...] | None) -> None:
+        self.status = Status.RUNNING
+        self.started_at = time.monotonic()
+        self.round, self.batch_size, self.batch_shape = round_no, batch_size, shape
+
+    def emit(self, delta: str) -> None:
+        if delta and self.deltas is not None:
+            self.deltas.put(delta)
+
+    def finish(self, text: str, reason: str) -> None:
+        self.text, self.finish_reason = text, reason
+        self._close(Status.CANCELLED if self.cancelled else Status.FINISHED)
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self._close(Status.FAILED)
+
+    def _close(self, status: Status) -> None:
+        if self.done.is_set():
+            return
+        self.status = status
+        self.finished_at = time.monotonic()
+        if self.deltas is not None:
+            self.deltas.put(None)
+        self.done.set()
+
+    @property
+    def queue_ms(self) -> float | None:
+        if self.started_at is None:
+            return None
+        return (self.started_at - self.created_at) * 1000
+
+    @property
+    def inference_ms(self) -> float | None:
+        if self.started_at is None or self.finished_at is None:
+            return None
+        return (self.finished_at - self.started_at) * 1000

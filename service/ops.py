@@ -1,0 +1,22 @@
+"""Operations: /health and /metrics."""
+
+from flask import Blueprint, Response, current_app, jsonify
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+bp = Blueprint("ops", __name__)
+
+
+@bp.get("/health")
+def health():
+    """200 once the static engine (the one every deployment has) is ready; 503 before.
+    The vLLM engine's state is reported beside it and does not decide the code."""
+    engines = current_app.extensions["engines"]
+    body = {name: eng.health() for name, eng in engines.items()}
+    ready = body["static"]["status"] == "ready"
+    return jsonify({"status": "ok" if ready else "unavailable", "engines": body}), 200 if ready else 503
+
+
+@bp.get("/metrics")
+def metrics():
+    registry = current_app.extensions["metrics"].registry
+    return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)

@@ -1,0 +1,25 @@
+"""Static batching: /generate, /basic_generate, /generate_stream, served by the model thread."""
+
+from flask import Blueprint
+
+from service import completion, schema
+
+bp = Blueprint("static", __name__)
+
+
+@bp.post("/generate")
+def generate():
+    req = schema.from_request()
+    return completion.reply(completion.complete(completion.engine("static"), req), req)
+
+
+@bp.post("/basic_generate")
+def basic_generate():
+    """One prompt, run as a batch of one through the same model thread: the unbatched baseline."""
+    req = schema.from_request(single=True)
+    return completion.reply(completion.complete(completion.engine("static"), req), req, single=True)
+
+
+@bp.post("/generate_stream")
+def generate_stream():
+    return completion.stream(completion.engine("static"), schema.from_request(single=True))
