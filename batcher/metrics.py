@@ -19,7 +19,9 @@ class Metrics:
         self.batch_size = Histogram(
             "batcher_batch_size", "Sequences per static round", buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r
         )
-        self.round_seconds = Histogram("batcher_round_seconds", "Duration of one static round", buckets=_SECONDS, registry=r)
+        self.round_seconds = Histogram(
+            "batcher_round_seconds", "Duration of one static round", buckets=_SECONDS, registry=r
+        )
         # both engines
         self.request_seconds = Histogram(
             "request_latency_seconds", "HTTP request latency", ["endpoint", "status"], buckets=_SECONDS, registry=r

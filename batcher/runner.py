@@ -10,6 +10,7 @@ Everything per row (max_tokens, temperature, top_p, cancellation, streaming) rid
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 from transformers import (
@@ -26,6 +27,15 @@ from transformers.generation.streamers import BaseStreamer
 from batcher.sequence import Sequence
 
 log = logging.getLogger(__name__)
+
+# vLLM's CPU worker replaces torch.set_num_threads with a no-op once its engine starts (it binds
+# its own OpenMP threads); keep the real one so the static model thread can still size its own.
+_set_num_threads = torch.set_num_threads
+
+
+def set_torch_threads(n: int) -> None:
+    """Intra-op threads for ops run by the calling thread; 0: every core this thread may use."""
+    _set_num_threads(n or len(os.sched_getaffinity(0)))
 
 
 def pick_device(device: str) -> str:

@@ -7,7 +7,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
-class Status(str, Enum):
+class Status(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
     FINISHED = "finished"

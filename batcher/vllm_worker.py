@@ -17,7 +17,8 @@ import logging
 import os
 import threading
 import time
-from typing import Callable, ContextManager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 from batcher.errors import NotReady, RoundFailed, ShuttingDown
 from batcher.metrics import Metrics
@@ -42,7 +43,7 @@ class VLLMWorker:
         gpu_memory_utilization: float = 0.5,
         max_inbox: int = 256,
         enabled: bool = True,
-        context: Callable[[], ContextManager] = contextlib.nullcontext,
+        context: Callable[[], AbstractContextManager] = contextlib.nullcontext,
         metrics: Metrics | None = None,
     ):
         self._model_path = model_path
@@ -70,7 +71,7 @@ class VLLMWorker:
             self._ready.set()
 
     # --- request threads -----------------------------------------------------------------
-    def start(self) -> "VLLMWorker":
+    def start(self) -> VLLMWorker:
         if self.status == "loading":
             self._thread.start()
         return self
@@ -100,8 +101,14 @@ class VLLMWorker:
         return self.engine.get_num_unfinished_requests() if self.engine is not None else 0
 
     def health(self) -> dict:
-        return {"status": self.status, "error": self.error, "load_seconds": self.load_seconds,
-                "steps": self.steps, "queued": self.workload.qsize(), "running": len(self._active)}
+        return {
+            "status": self.status,
+            "error": self.error,
+            "load_seconds": self.load_seconds,
+            "steps": self.steps,
+            "queued": self.workload.qsize(),
+            "running": len(self._active),
+        }
 
     # --- the engine thread ---------------------------------------------------------------
     def _build_engine(self):
@@ -191,7 +198,8 @@ class VLLMWorker:
             return
         self.engine.abort_request([seq.id for seq in cancelled])
         for seq in cancelled:
-            self._close(seq, lambda s: s.finish(s.text, "cancelled"))
+            seq.finish(seq.text, "cancelled")
+            self._forget(seq)
 
     def _step(self) -> None:
         self.steps += 1
@@ -202,8 +210,10 @@ class VLLMWorker:
             failed = list(self._active.values())
             with contextlib.suppress(Exception):
                 self.engine.abort_request([seq.id for seq in failed])
+            error = RoundFailed(f"vLLM step failed: {type(exc).__name__}: {exc}")
             for seq in failed:
-                self._close(seq, lambda s: s.fail(RoundFailed(f"vLLM step failed: {type(exc).__name__}: {exc}")))
+                seq.fail(error)
+                self._forget(seq)
             return
         self.metrics.vllm_steps.inc()
         for out in outputs:
@@ -216,11 +226,12 @@ class VLLMWorker:
             seq.emit(completion.text)
             self.metrics.generated_tokens.labels(self.name).inc(len(completion.token_ids))
             if out.finished:
-                self._close(seq, lambda s: s.finish(s.text, completion.finish_reason or "length"))
+                seq.finish(seq.text, completion.finish_reason or "length")
+                self._forget(seq)
 
-    def _close(self, seq: Sequence, resolve: Callable[[Sequence], None]) -> None:
+    def _forget(self, seq: Sequence) -> None:
+        """After a sequence was resolved: out of the engine's map and the live map."""
         self._active.pop(seq.id, None)
-        resolve(seq)
         self.workload.release(seq)
 
     def _shutdown(self) -> None:
@@ -229,5 +240,6 @@ class VLLMWorker:
                 self.engine.abort_request(list(self._active))
         stop = ShuttingDown("the vLLM engine shut down before this prompt finished")
         for seq in list(self._active.values()) + self.workload.drain():
-            self._close(seq, lambda s: s.fail(stop))
+            seq.fail(stop)
+            self._forget(seq)
         self.status = "stopped"

@@ -10,13 +10,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable
-
-import torch
+from collections.abc import Callable
 
 from batcher.errors import NotReady, RoundFailed, ShuttingDown
 from batcher.metrics import Metrics
-from batcher.runner import Runner
+from batcher.runner import Runner, set_torch_threads
 from batcher.sequence import Sequence
 from batcher.workload import Workload
 
@@ -54,7 +52,7 @@ class ModelWorker:
         self._thread = threading.Thread(target=self._run, name="static-model-thread", daemon=True)
 
     # --- request threads -----------------------------------------------------------------
-    def start(self) -> "ModelWorker":
+    def start(self) -> ModelWorker:
         self._thread.start()
         return self
 
@@ -67,7 +65,8 @@ class ModelWorker:
         if self._stopping.is_set():
             raise ShuttingDown("the static engine is shutting down")
         if self.status != "ready":
-            raise NotReady(f"the static engine is not ready ({self.status})" + (f": {self.error}" if self.error else ""))
+            reason = f": {self.error}" if self.error else ""
+            raise NotReady(f"the static engine is not ready ({self.status}){reason}")
         self.workload.put_all(seqs)
         self.metrics.prompts.labels(self.name).inc(len(seqs))
 
@@ -82,13 +81,16 @@ class ModelWorker:
         self.status = "stopped"
 
     def health(self) -> dict:
-        return {"status": self.status, "error": self.error, "rounds": self.rounds,
-                "queued": self.workload.qsize(), "inflight": len(self.workload.live())}
+        return {
+            "status": self.status,
+            "error": self.error,
+            "rounds": self.rounds,
+            "queued": self.workload.qsize(),
+            "inflight": len(self.workload.live()),
+        }
 
     # --- the model thread ----------------------------------------------------------------
     def _run(self) -> None:
-        if self.torch_threads:
-            torch.set_num_threads(self.torch_threads)  # per thread under OpenMP
         try:
             self.runner = self._load_runner()
             self.status = "ready"
@@ -111,6 +113,8 @@ class ModelWorker:
         round_no, started = self.rounds, time.perf_counter()
         self._running = batch
         shape = None
+        # Every round: an idle vLLM engine in this process may have changed torch's thread count.
+        set_torch_threads(self.torch_threads)
         try:
             inputs = self.runner.encode([s.prompt for s in batch])
             shape = inputs["input_ids"].shape  # [B, S]
@@ -142,5 +146,8 @@ class ModelWorker:
             self.metrics.round_seconds.observe(elapsed)
         log.info(
             "round %d: Batch input shape: %s sequences=%s %.3fs",
-            round_no, shape, [s.id for s in batch], elapsed,
+            round_no,
+            shape,
+            [s.id for s in batch],
+            elapsed,
         )

@@ -43,8 +43,7 @@ class Workload:
         with self._put_lock:
             if self._queue.qsize() + len(seqs) > self.maxsize:
                 raise QueueFull(
-                    f"queue holds {self._queue.qsize()} of {self.maxsize} sequences; "
-                    f"{len(seqs)} more do not fit"
+                    f"queue holds {self._queue.qsize()} of {self.maxsize} sequences; {len(seqs)} more do not fit"
                 )
             with self._live_lock:
                 self._live.update((seq.id, seq) for seq in seqs)

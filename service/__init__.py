@@ -31,8 +31,11 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
     metrics = Metrics()
     model_path = functools.cache(lambda: resolve_model(config.model, config.cache_dir))
 
+    def load_runner() -> Runner:
+        return Runner(model_path(), dtype=config.dtype, device=config.device, max_input_tokens=config.max_input_tokens)
+
     static_engine = ModelWorker(
-        lambda: Runner(model_path(), dtype=config.dtype, device=config.device, max_input_tokens=config.max_input_tokens),
+        load_runner,
         batch_size=config.batch_size,
         batch_wait_ms=config.batch_wait_ms,
         max_queue=config.max_queue,

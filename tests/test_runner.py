@@ -1,0 +1,90 @@
+"""The model itself, on the real default model: left padding, per-row parameters, detokenizing."""
+
+import copy
+
+from batcher.runner import RoundRows
+from batcher.sequence import SamplingParams, Sequence
+
+PROMPTS = [
+    "The capital of France is",
+    "Hi",
+    "Water boils at a temperature of",
+    "In the beginning of the story, the young farmer decided to",
+]
+
+
+def run(runner, seqs):
+    results = runner.generate(seqs, runner.encode([s.prompt for s in seqs]))
+    return [results[s.id] for s in seqs]
+
+
+def greedy(prompt, max_tokens=20, **kw):
+    return Sequence(prompt, SamplingParams(max_tokens=max_tokens), **kw)
+
+
+def test_the_capital_of_france_is_paris(runner_fp32):
+    [(text, reason)] = run(runner_fp32, [greedy("The capital of France is")])
+    assert text.startswith(" Paris.")
+    assert reason == "length"
+
+
+def test_greedy_output_is_the_same_alone_and_in_a_padded_batch(runner_fp32):
+    alone = [run(runner_fp32, [greedy(p)])[0][0] for p in PROMPTS]
+    batch = [text for text, _ in run(runner_fp32, [greedy(p) for p in PROMPTS])]
+    assert runner_fp32.encode(PROMPTS)["attention_mask"][1].tolist()[0] == 0  # "Hi" is left-padded
+    assert batch == alone
+
+
+def test_max_tokens_is_per_prompt_inside_one_round(runner_fp32):
+    short, long = greedy("Once upon a time", max_tokens=5), greedy("Once upon a time", max_tokens=50)
+    (short_text, short_reason), (long_text, _) = run(runner_fp32, [short, long])
+    assert len(short.token_ids) <= 5 and short_reason == "length"
+    assert len(long.token_ids) > 5
+    assert long_text.startswith(short_text)
+
+
+def test_a_greedy_prompt_stays_greedy_next_to_a_sampled_one(runner_fp32):
+    [(alone, _)] = run(runner_fp32, [greedy(PROMPTS[2])])
+    sampled = Sequence(PROMPTS[3], SamplingParams(max_tokens=20, temperature=1.5, top_p=0.95))
+    (mixed, _), (sampled_text, _) = run(runner_fp32, [greedy(PROMPTS[2]), sampled])
+    assert mixed == alone
+    assert sampled_text  # the sampled row produced text of its own
+
+
+def test_over_long_prompts_keep_their_end(runner_fp32):
+    short_window = copy.copy(runner_fp32)
+    short_window.max_input_tokens = 4
+    ids = short_window.encode(["one two three four five six seven eight nine ten"])["input_ids"][0]
+    assert len(ids) == 4
+    assert runner_fp32.tokenizer.decode(ids).strip().endswith("ten")
+
+
+def test_streamed_pieces_join_into_the_decoded_text_without_broken_characters(runner_fp32):
+    import torch
+
+    tokenizer = runner_fp32.tokenizer
+    text = " 안녕하세요, 세계! Ünïcödé – naïve café 😀 done"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    seq = Sequence("x", SamplingParams(max_tokens=len(ids) + 1), stream=True)
+    rows = RoundRows([seq], tokenizer, runner_fp32.eos_ids)
+    for token in ids:  # one decoding step at a time, as generate() calls the streamer
+        rows.put(torch.tensor([token]))
+    final, _ = rows.finish(0)
+    pieces = []
+    while not seq.deltas.empty():
+        pieces.append(seq.deltas.get())
+    assert "".join(pieces) == final == tokenizer.decode(ids)
+    assert not any("\ufffd" in piece for piece in pieces)
+    assert len(pieces) > 5  # it really streamed, piece by piece
+
+
+def test_eos_ends_a_row_with_reason_stop(runner_fp32):
+    import torch
+
+    seq = greedy("x", max_tokens=10)
+    rows = RoundRows([seq], runner_fp32.tokenizer, runner_fp32.eos_ids)
+    rows.put(torch.tensor([[1, 2, 3]]))  # the prompt: ignored
+    rows.put(torch.tensor([runner_fp32.tokenizer.encode(" Paris")[0]]))
+    rows.put(torch.tensor([next(iter(runner_fp32.eos_ids))]))
+    assert rows(torch.zeros(1, 1), None).tolist() == [True]
+    assert rows.finish(0) == (" Paris", "stop")

@@ -1,0 +1,59 @@
+"""Server-sent events on both paths: same text as without streaming, errors, concurrency."""
+
+import json
+import threading
+
+import pytest
+
+from tests.test_api import post
+
+
+def events(response) -> list[dict]:
+    assert response.mimetype == "text/event-stream"
+    chunks = response.get_data(as_text=True).split("\n\n")
+    return [json.loads(c.removeprefix("data: ")) for c in chunks if c.strip()]
+
+
+def streamed_text(evts) -> str:
+    return "".join(e["token"] for e in evts if "token" in e)
+
+
+@pytest.mark.parametrize(
+    "stream_path, plain_path",
+    [
+        ("/generate_stream", "/generate"),
+        ("/generate_vllm_stream", "/generate_vllm"),
+    ],
+)
+def test_streamed_tokens_join_into_the_non_streamed_text(vllm_client, stream_path, plain_path):
+    prompt = "The capital of France is"
+    evts = events(post(vllm_client, stream_path, {"prompt": prompt, "max_tokens": 15}))
+    plain = post(vllm_client, plain_path, {"prompts": [prompt], "max_tokens": 15}).json["generated_texts"][0]
+    assert streamed_text(evts) == plain and plain.startswith(" Paris")
+    assert len([e for e in evts if "token" in e]) > 3  # one event per step, not one blob
+    assert evts[-1] == {"sequence_id": evts[0]["sequence_id"], "finish_reason": "length", "done": True}
+    assert len({e["sequence_id"] for e in evts}) == 1
+
+
+@pytest.mark.parametrize("path", ["/generate_stream", "/generate_vllm_stream"])
+def test_two_concurrent_streams_keep_their_own_texts_and_ids(vllm_app, path):
+    prompts = ["The capital of France is", "def fibonacci(n):"]
+    got = {}
+
+    def stream(i):
+        got[i] = events(post(vllm_app.test_client(), path, {"prompt": prompts[i], "max_tokens": 10}))
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    texts = [streamed_text(got[i]) for i in range(2)]
+    assert texts[0].startswith(" Paris") and texts[0] != texts[1]
+    assert got[0][0]["sequence_id"] != got[1][0]["sequence_id"]
+
+
+def test_an_error_before_the_first_token_is_a_plain_json_error(client, short_timeout):
+    short_timeout(0.000001)
+    r = post(client, "/generate_stream", {"prompt": "Hello", "max_tokens": 50})
+    assert r.status_code == 504 and r.json["type"] == "deadline_exceeded"

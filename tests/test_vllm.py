@@ -1,0 +1,89 @@
+"""The continuous-batching path with the real in-process vLLM engine and the default model."""
+
+import json
+import threading
+
+from tests.conftest import wait_until
+from tests.test_api import post
+
+PROMPTS = [
+    "The capital of France is",
+    "Water boils at a temperature of",
+    "The largest planet in the solar system is",
+    "Once upon a time",
+    "def fibonacci(n):",
+]
+
+
+def test_one_prompt(vllm_client):
+    r = post(vllm_client, "/generate_vllm", {"prompts": ["The capital of France is"], "max_tokens": 5})
+    assert r.status_code == 200
+    assert r.json["generated_texts"][0].startswith(" Paris")
+
+
+def test_several_prompts_in_order_with_details(vllm_client):
+    r = post(vllm_client, "/generate_vllm", {"prompts": PROMPTS[:3], "max_tokens": 4, "details": True})
+    assert r.status_code == 200
+    texts, details = r.json["generated_texts"], r.json["details"]
+    assert len(texts) == 3 and all(texts)
+    assert [d["tokens"] for d in details] == [4, 4, 4]
+    assert all(d["finish_reason"] == "length" for d in details)
+
+
+def test_empty_list_and_invalid_body(vllm_client):
+    assert post(vllm_client, "/generate_vllm", {"prompts": []}).json == {"generated_texts": []}
+    r = post(vllm_client, "/generate_vllm", {"prompts": [1]})
+    assert r.status_code == 422 and r.json["type"] == "invalid_request"
+
+
+def test_greedy_parity_with_the_static_path(vllm_client):
+    body = {"prompts": PROMPTS, "max_tokens": 12}
+    static = post(vllm_client, "/generate", body).json["generated_texts"]
+    continuous = post(vllm_client, "/generate_vllm", body).json["generated_texts"]
+    assert static[0].startswith(" Paris") and continuous[0].startswith(" Paris")
+    differing = [(p, s, c) for p, s, c in zip(PROMPTS, static, continuous, strict=True) if s != c]
+    assert not differing, f"static and vLLM differ: {differing}"
+
+
+def test_sixteen_concurrent_requests_each_get_their_own_text(vllm_app):
+    prompts = [f"Fact number {i}: the number {i} plus one is" for i in range(16)]
+    replies: dict[int, dict] = {}
+
+    def ask(i):
+        r = post(vllm_app.test_client(), "/generate_vllm", {"prompts": [prompts[i]], "max_tokens": 8})
+        replies[i] = {"status": r.status_code, "text": r.json["generated_texts"][0]}
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert sorted(replies) == list(range(16)) and all(r["status"] == 200 for r in replies.values())
+    together = post(vllm_app.test_client(), "/generate_vllm", {"prompts": prompts, "max_tokens": 8}).json
+    assert [replies[i]["text"] for i in range(16)] == together["generated_texts"]
+    assert len({r["text"] for r in replies.values()}) > 1
+
+
+def test_a_timed_out_request_is_aborted_in_the_engine(vllm_app, vllm_client, short_timeout):
+    engine = vllm_app.extensions["engines"]["vllm"]
+    short_timeout(0.05)
+    r = post(vllm_client, "/generate_vllm", {"prompts": ["Tell me a long story about"] * 4, "max_tokens": 400})
+    assert r.status_code == 504 and r.json["type"] == "deadline_exceeded"
+    wait_until(lambda: engine.unfinished() == 0 and engine.workload.live() == {}, 60, "the engine to abort")
+    short_timeout(120)
+    assert post(vllm_client, "/generate_vllm", {"prompts": ["Hi"], "max_tokens": 2}).status_code == 200
+
+
+def test_vllm_metrics_count_steps_and_tokens(vllm_client):
+    post(vllm_client, "/generate_vllm", {"prompts": ["Hi"], "max_tokens": 3})
+    text = vllm_client.get("/metrics").text
+    assert 'generated_tokens_total{engine="vllm"}' in text
+    steps = [line for line in text.splitlines() if line.startswith("vllm_engine_steps_total")]
+    assert steps and float(steps[0].split()[-1]) >= 3
+
+
+def test_health_shows_the_vllm_engine_ready(vllm_client):
+    body = vllm_client.get("/health").json
+    assert body["engines"]["vllm"]["status"] == "ready"
+    assert body["engines"]["vllm"]["load_seconds"] > 0
+    json.dumps(body)

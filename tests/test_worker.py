@@ -1,0 +1,133 @@
+"""The model thread with the real model: rounds, mapping by id, the log line, failures, shutdown."""
+
+import logging
+import threading
+
+import pytest
+
+from batcher.errors import RoundFailed, ShuttingDown
+from batcher.runner import Runner
+from batcher.sequence import SamplingParams, Sequence, Status
+from batcher.worker import ModelWorker
+
+POISON = "<fail this round>"
+GATE = "<hold this round>"
+
+
+class InstrumentedRunner(Runner):
+    """The real runner with two test hooks around the real generate(): a round holding POISON
+    raises (fault injection), a round holding GATE waits for `gate` (to make a round last)."""
+
+    def __init__(self, base: Runner):
+        self.__dict__.update(base.__dict__)
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+
+    def generate(self, seqs, inputs):
+        prompts = [s.prompt for s in seqs]
+        if POISON in prompts:
+            raise RuntimeError("injected failure")
+        if GATE in prompts:
+            self.entered.set()
+            assert self.gate.wait(60)
+        return super().generate(seqs, inputs)
+
+
+@pytest.fixture
+def runner(runner_fp32):
+    return InstrumentedRunner(runner_fp32)
+
+
+@pytest.fixture
+def worker(runner):
+    worker = ModelWorker(lambda: runner, batch_size=4).start()
+    assert worker.wait_ready(30)
+    yield worker
+    runner.gate.set()
+    worker.stop()
+
+
+def submit(worker, *prompts, max_tokens=5):
+    seqs = [Sequence(p, SamplingParams(max_tokens=max_tokens)) for p in prompts]
+    worker.submit(seqs)
+    return seqs
+
+
+def wait(seqs, timeout=60):
+    for s in seqs:
+        assert s.done.wait(timeout), f"{s.id} not resolved"
+
+
+def test_requests_arriving_together_share_rounds_across_request_boundaries(worker, runner):
+    [blocker] = submit(worker, GATE)
+    assert runner.entered.wait(30)  # the model thread is busy: A..E queue up meanwhile
+    a, b = submit(worker, "Apples are", "Bananas are")
+    c, d, e = submit(worker, "Cherries are", "Dates are", "Elderberries are")
+    runner.gate.set()
+    wait([blocker, a, b, c, d, e])
+    assert a.round == b.round == c.round == d.round == blocker.round + 1
+    assert e.round == a.round + 1
+    assert (a.batch_size, e.batch_size) == (4, 1)
+
+
+def test_each_result_goes_back_to_its_own_sequence(worker, runner_fp32):
+    prompts = ["The capital of France is", "Water boils at", "Hi", "One plus one is", "The sky is"]
+    seqs = submit(worker, *prompts)
+    wait(seqs)
+    for seq in seqs:  # the same text as the prompt run alone
+        alone = Sequence(seq.prompt, SamplingParams(max_tokens=5))
+        [(text, _)] = runner_fp32.generate([alone], runner_fp32.encode([alone.prompt])).values()
+        assert seq.text == text, seq.prompt
+    assert worker.workload.live() == {}
+
+
+def test_one_log_line_per_round_in_the_write_ups_form(worker, caplog):
+    with caplog.at_level(logging.INFO, logger="batcher.worker"):
+        wait(submit(worker, "a b c d e f g h", "b", "c", "d", "e", "f"))
+    lines = [r.getMessage() for r in caplog.records if "Batch input shape" in r.getMessage()]
+    assert len(lines) == 2
+    assert "Batch input shape: torch.Size([4, " in lines[0] and "seq-" in lines[0]
+    assert "Batch input shape: torch.Size([2, 1])" in lines[1]
+
+
+def test_a_failing_round_fails_only_its_own_sequences(worker, runner):
+    [blocker] = submit(worker, GATE)
+    assert runner.entered.wait(30)
+    doomed = submit(worker, POISON, "innocent bystander in the same round")
+    later = submit(worker, "a", "b", "c", "d", "a later round")  # fills the bad round, then more
+    runner.gate.set()
+    wait([blocker, *doomed, *later])
+    bad_round = doomed[0].round
+    in_bad = [s for s in doomed + later if s.round == bad_round]
+    assert all(s.status == Status.FAILED and isinstance(s.error, RoundFailed) for s in in_bad)
+    survivors = [s for s in later if s.round != bad_round]
+    assert survivors and all(s.status == Status.FINISHED and s.text for s in survivors)
+    assert worker.status == "ready"
+    assert worker.workload.live() == {}
+
+
+def test_shutdown_fails_waiting_sequences_and_abandons_the_running_round(worker, runner):
+    [running] = submit(worker, GATE, max_tokens=200)
+    assert runner.entered.wait(30)
+    waiting = submit(worker, "never", "runs")
+    stopper = threading.Thread(target=worker.stop)
+    stopper.start()
+    runner.gate.set()
+    stopper.join(60)
+    assert not stopper.is_alive() and worker.status == "stopped"
+    wait([running, *waiting])
+    assert all(isinstance(s.error, ShuttingDown) for s in [running, *waiting])
+    assert len(running.token_ids) < 200  # abandoned at the next step, not run to the end
+    assert worker.workload.live() == {}
+    with pytest.raises(ShuttingDown):
+        submit(worker, "too late")
+
+
+def test_a_cancelled_running_sequence_stops_at_the_next_step(worker, runner):
+    [seq] = submit(worker, GATE, max_tokens=200)
+    assert runner.entered.wait(30)
+    seq.cancel()
+    runner.gate.set()
+    wait([seq])
+    assert seq.status == Status.CANCELLED and seq.finish_reason == "cancelled"
+    assert len(seq.token_ids) <= 1

@@ -1,0 +1,103 @@
+"""The queue alone: what is waiting now, FIFO, rounds of at most N, the bound, cancellation."""
+
+import threading
+
+import pytest
+
+from batcher.errors import QueueFull
+from batcher.sequence import Sequence, Status
+from batcher.workload import Workload
+from tests.conftest import wait_until
+
+
+def seqs(*prompts):
+    return [Sequence(p) for p in prompts]
+
+
+def test_takes_what_is_waiting_now_without_waiting_for_a_full_batch():
+    w = Workload(16)
+    a, b = seqs("a", "b")
+    w.put_all([a, b])
+    assert w.next_batch(4) == [a, b]
+
+
+def test_six_prompts_make_rounds_of_four_and_two_in_fifo_order():
+    w = Workload(16)
+    six = seqs(*"abcdef")
+    w.put_all(six)
+    assert w.next_batch(4) == six[:4]
+    assert w.next_batch(4) == six[4:]
+
+
+def test_rounds_ignore_request_boundaries():
+    w = Workload(16)
+    a, b, c, d, e = seqs(*"ABCDE")
+    w.put_all([a, b])  # request 1
+    w.put_all([c, d, e])  # request 2
+    assert w.next_batch(4) == [a, b, c, d]
+    assert w.next_batch(4) == [e]
+
+
+def test_a_request_that_does_not_fit_is_refused_whole():
+    w = Workload(3)
+    w.put_all(seqs("a", "b"))
+    with pytest.raises(QueueFull):
+        w.put_all(seqs("c", "d"))
+    assert w.qsize() == 2
+    assert len(w.live()) == 2  # nothing of the refused request was registered either
+    w.put_all(seqs("e"))
+    assert w.qsize() == 3
+
+
+def test_cancelled_sequences_are_skipped_and_forgotten():
+    w = Workload(8)
+    a, b, c = seqs("a", "b", "c")
+    w.put_all([a, b, c])
+    b.cancel()
+    assert w.next_batch(4) == [a, c]
+    assert b.done.is_set() and b.status == Status.CANCELLED
+    assert set(w.live()) == {a.id, c.id}
+    w.release(a)
+    w.release(c)
+    assert w.live() == {}
+
+
+def test_blocks_when_idle_and_wakes_on_a_put():
+    w = Workload(8)
+    got = []
+    consumer = threading.Thread(target=lambda: got.append(w.next_batch(4)))
+    consumer.start()
+    a = Sequence("a")
+    w.put_all([a])
+    consumer.join(10)
+    assert got == [[a]]
+
+
+def test_wake_unblocks_an_idle_consumer_with_nothing():
+    w = Workload(8)
+    got = []
+    consumer = threading.Thread(target=lambda: got.append(w.next_batch(4)))
+    consumer.start()
+    w.wake()
+    consumer.join(10)
+    assert got == [[]]
+
+
+def test_batch_wait_collects_a_fuller_batch():
+    w = Workload(8)
+    c, d = seqs("c", "d")
+    w.put_all([c])
+    got = []
+    consumer = threading.Thread(target=lambda: got.append(w.next_batch(2, wait_s=30.0)))
+    consumer.start()
+    wait_until(lambda: w.qsize() == 0, what="the consumer to take c")
+    w.put_all([d])  # arrives after c was taken, within the wait
+    consumer.join(30)
+    assert got == [[c, d]]
+
+
+def test_without_batch_wait_a_round_does_not_wait_for_latecomers():
+    w = Workload(8)
+    c = Sequence("c")
+    w.put_all([c])
+    assert w.next_batch(2, wait_s=0.0) == [c]
