@@ -1,0 +1,164 @@
+"""End to end: the real gunicorn with gunicorn.conf.py, real HTTP with requests and curl."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.conftest import wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, log_path: Path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        env = {**os.environ, "HOST": "127.0.0.1", "PORT": str(self.port), "THREADS": "32"}
+        gunicorn = Path(sys.executable).with_name("gunicorn")
+        self.log = open(log_path, "wb")
+        self.proc = subprocess.Popen(
+            [str(gunicorn), "-c", "gunicorn.conf.py", "wsgi:app"], cwd=ROOT, env=env,
+            stdout=self.log, stderr=subprocess.STDOUT,
+        )
+
+    def health(self) -> dict:
+        try:
+            return requests.get(f"{self.url}/health", timeout=5).json()
+        except (requests.ConnectionError, requests.Timeout, ValueError):
+            return {}
+
+    def engine(self, name: str) -> dict:
+        return self.health().get("engines", {}).get(name, {})
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = Server(tmp_path_factory.mktemp("gunicorn") / "server.log")
+    try:
+        wait_until(lambda: srv.engine("static").get("status") == "ready" or srv.proc.poll() is not None,
+                   180, "gunicorn to serve")
+        wait_until(lambda: srv.engine("vllm").get("status") in ("ready", "failed") or srv.proc.poll() is not None,
+                   600, "the vLLM engine")
+        assert srv.proc.poll() is None, srv.log_text()[-3000:]
+        yield srv
+    finally:
+        srv.stop()
+
+
+def generate(server, path, body, **kw):
+    return requests.post(f"{server.url}{path}", json=body, timeout=300, **kw)
+
+
+def curl(*args: str) -> str:
+    return subprocess.run(["curl", "-s", *args], capture_output=True, text=True, timeout=300, check=True).stdout
+
+
+def test_both_engines_start_under_gunicorn(server):
+    engines = server.health()["engines"]
+    assert engines["static"]["status"] == "ready"
+    assert engines["vllm"]["status"] == "ready", engines["vllm"]
+
+
+def test_curl_generate_says_paris(server):
+    out = curl(f"{server.url}/generate", "-H", "Content-Type: application/json",
+               "-d", '{"prompts": ["The capital of France is"]}')
+    assert "Paris" in json.loads(out)["generated_texts"][0]
+
+
+def test_six_prompts_run_as_rounds_of_four_and_two_in_the_log(server):
+    r = generate(server, "/generate", {"prompts": [f"Prompt {c}" for c in "abcdef"], "max_tokens": 3})
+    assert r.status_code == 200 and len(r.json()["generated_texts"]) == 6
+    shapes = re.findall(r"Batch input shape: torch\.Size\(\[(\d+), \d+\]\)", server.log_text())
+    assert shapes[-2:] == ["4", "2"]
+
+
+def test_concurrent_requests_on_both_paths_are_all_answered(server):
+    jobs = [("/generate", {"prompts": [f"Number {i} is"], "max_tokens": 4}) for i in range(8)]
+    jobs += [("/generate_vllm", {"prompts": [f"Number {i} is"], "max_tokens": 4}) for i in range(8)]
+    jobs += [("/generate", {"prompts": ["A", "B", "C"], "max_tokens": 2})]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        replies = list(pool.map(lambda job: generate(server, *job), jobs))
+    assert [r.status_code for r in replies] == [200] * len(jobs)
+    static = [r.json()["generated_texts"][0] for r in replies[:8]]
+    vllm = [r.json()["generated_texts"][0] for r in replies[8:16]]
+    assert len(set(static)) > 1 and len(set(vllm)) > 1
+
+
+def test_curl_concurrent_requests(server):
+    body = '{"prompts": ["Hello there"], "max_tokens": 3}'
+    procs = [subprocess.Popen(["curl", "-s", f"{server.url}/generate", "-H", "Content-Type: application/json",
+                               "-d", body], stdout=subprocess.PIPE, text=True) for _ in range(6)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(len(json.loads(o)["generated_texts"]) == 1 for o in outs)
+
+
+@pytest.mark.parametrize("path", ["/generate_stream", "/generate_vllm_stream"])
+def test_curl_n_streams_one_event_per_token(server, path):
+    out = curl("-N", f"{server.url}{path}", "-d", '{"prompt": "The capital of France is", "max_tokens": 8}')
+    evts = [json.loads(line.removeprefix("data: ")) for line in out.splitlines() if line.startswith("data: ")]
+    assert "".join(e.get("token", "") for e in evts).startswith(" Paris")
+    assert len(evts) >= 5 and evts[-1]["done"] is True
+
+
+@pytest.mark.parametrize("path", ["/generate_stream", "/generate_vllm_stream"])
+def test_a_client_that_leaves_after_the_first_token_costs_nothing_more(server, path):
+    with generate(server, path, {"prompt": "Tell me a very long story about", "max_tokens": 400}, stream=True) as r:
+        first = next(line for line in r.iter_lines() if line.startswith(b"data: "))
+        assert "token" in json.loads(first[6:])
+    # the connection is closed: the sequence is cancelled at its next step
+    wait_until(lambda: server.engine("static").get("inflight") == 0 and server.engine("vllm").get("running") == 0,
+               120, "the abandoned stream to be dropped")
+    assert generate(server, "/generate", {"prompts": ["Hi"], "max_tokens": 2}).status_code == 200
+
+
+def test_metrics_endpoint(server):
+    text = requests.get(f"{server.url}/metrics", timeout=10).text
+    assert "batcher_rounds_total" in text and "vllm_engine_steps_total" in text
+
+
+def test_sigterm_answers_waiting_requests_with_503_and_exits_promptly(server):
+    replies = []
+    long_request = threading.Thread(target=lambda: replies.append(
+        generate(server, "/generate", {"prompts": ["Tell me a story"] * 8, "max_tokens": 400})))
+    long_request.start()
+    wait_until(lambda: server.engine("static").get("inflight", 0) > 0, 60, "the request to be in flight")
+    server.proc.send_signal(signal.SIGTERM)
+    long_request.join(60)
+    assert replies and replies[0].status_code == 503, replies and replies[0].text
+    assert replies[0].json()["type"] == "shutting_down"
+    server.proc.wait(60)
+    assert server.proc.returncode == 0
+    assert "static engine stopped" in server.log_text()
