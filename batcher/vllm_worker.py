@@ -44,6 +44,7 @@ class VLLMWorker:
         max_inbox: int = 256,
         enabled: bool = True,
         context: Callable[[], AbstractContextManager] = contextlib.nullcontext,
+        model_lock: threading.Lock | None = None,
         metrics: Metrics | None = None,
     ):
         self._model_path = model_path
@@ -54,6 +55,11 @@ class VLLMWorker:
         self.kv_cache_gib = kv_cache_gib
         self.gpu_memory_utilization = gpu_memory_utilization
         self._context = context
+        # vLLM compiles the model at start with torch.fx tracing, which patches
+        # torch.nn.Module.__call__ for the whole process: a static round running meanwhile fails
+        # ("module is not installed as a submodule"). The static thread holds this lock around
+        # each round, and we hold it while the engine builds, so static rounds wait instead.
+        self.model_lock = model_lock or threading.Lock()
         self.workload = Workload(max_inbox)
         self.metrics = metrics or Metrics()
         self.metrics.vllm_waiting.set_function(self.workload.qsize)
@@ -138,7 +144,7 @@ class VLLMWorker:
             # vLLM's CPU backend probes every attribute of every imported module with hasattr(),
             # and Flask's context-local proxies raise outside a context; the caller passes one.
             # Built here, in the thread that steps it, since OpenMP binds threads per thread.
-            with self._context():
+            with self._context(), self.model_lock:
                 self.engine = self._build_engine()
             self.load_seconds = time.perf_counter() - started
             self.status = "ready"

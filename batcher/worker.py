@@ -32,12 +32,15 @@ class ModelWorker:
         batch_wait_ms: float = 0.0,
         max_queue: int = 256,
         torch_threads: int = 0,
+        model_lock: threading.Lock | None = None,
         metrics: Metrics | None = None,
     ):
         self._load_runner = load_runner
         self.batch_size = batch_size
         self.batch_wait_s = batch_wait_ms / 1000
         self.torch_threads = torch_threads
+        # Held around each round; see VLLMWorker: its compiler patches torch process-wide.
+        self.model_lock = model_lock or threading.Lock()
         self.workload = Workload(max_queue)
         self.metrics = metrics or Metrics()
         self.metrics.queue_depth.set_function(self.workload.qsize)
@@ -118,9 +121,10 @@ class ModelWorker:
         try:
             inputs = self.runner.encode([s.prompt for s in batch])
             shape = inputs["input_ids"].shape  # [B, S]
-            for seq in batch:
-                seq.start(round_no, len(batch), tuple(shape))
-            results = self.runner.generate(batch, inputs)
+            with self.model_lock:
+                for seq in batch:
+                    seq.start(round_no, len(batch), tuple(shape))
+                results = self.runner.generate(batch, inputs)
             if len(results) != len(batch):
                 raise RuntimeError(f"round returned {len(results)} results for {len(batch)} sequences")
         except Exception as exc:  # one bad round fails its own sequences; the thread lives on

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
 import time
@@ -11,48 +12,53 @@ from batcher.sequence import Sequence
 
 
 class Workload:
-    """A `queue.Queue` of sequences, filled all-or-nothing per request, drained a batch at a time.
+    """A `queue.Queue` of requests' sequences, drained a batch at a time by one consumer.
 
-    It also keeps the map of live sequences (queued or running) by id, so that one place can
-    tell what is in flight; the consumer calls `release()` once a sequence is resolved.
+    A request's sequences go in as one item, so they become visible together: a consumer that
+    wakes on a request of six takes four, not whichever of the six were put by then. What a
+    round leaves of a request waits in `_carry` (the consumer's alone) for the next round, so
+    rounds still ignore request boundaries. The bound counts sequences, all or nothing per
+    request. The map of live sequences (queued or running) by id is kept here too; the consumer
+    calls `release()` once it has resolved a sequence.
     """
 
     def __init__(self, maxsize: int):
         self.maxsize = maxsize
-        self._queue: queue.Queue[Sequence | None] = queue.Queue()  # the bound is ours, see put_all
-        self._put_lock = threading.Lock()
+        self._queue: queue.Queue[list[Sequence] | None] = queue.Queue()
+        self._carry: collections.deque[Sequence] = collections.deque()
+        self._lock = threading.Lock()
+        self._queued = 0  # sequences in _queue and _carry
         self._live: dict[str, Sequence] = {}
-        self._live_lock = threading.Lock()
 
     def qsize(self) -> int:
         """Queued sequences (cancelled ones not yet drained included)."""
-        return self._queue.qsize()
+        return self._queued
 
     def live(self) -> dict[str, Sequence]:
         """Sequences queued or running, by id (a copy)."""
-        with self._live_lock:
+        with self._lock:
             return dict(self._live)
 
     def release(self, seq: Sequence) -> None:
-        with self._live_lock:
+        with self._lock:
             self._live.pop(seq.id, None)
 
     def put_all(self, seqs: list[Sequence]) -> None:
-        # Only putters take this lock and the consumer only removes, so the free space seen
-        # under the lock can only grow before we put: a request goes in whole or not at all.
-        with self._put_lock:
-            if self._queue.qsize() + len(seqs) > self.maxsize:
-                raise QueueFull(
-                    f"queue holds {self._queue.qsize()} of {self.maxsize} sequences; {len(seqs)} more do not fit"
-                )
-            with self._live_lock:
-                self._live.update((seq.id, seq) for seq in seqs)
-            for seq in seqs:
-                self._queue.put_nowait(seq)
+        with self._lock:
+            if self._queued + len(seqs) > self.maxsize:
+                raise QueueFull(f"queue holds {self._queued} of {self.maxsize} sequences; {len(seqs)} more do not fit")
+            self._queued += len(seqs)
+            self._live.update((seq.id, seq) for seq in seqs)
+            self._queue.put_nowait(list(seqs))
 
     def wake(self) -> None:
         """Unblock a consumer waiting in next_batch (used at shutdown)."""
         self._queue.put_nowait(None)
+
+    def _take(self) -> Sequence:
+        with self._lock:
+            self._queued -= 1
+        return self._carry.popleft()
 
     def next_batch(self, size: int, wait_s: float = 0.0, idle_timeout: float | None = None) -> list[Sequence]:
         """Block until one live sequence waits, then take what is waiting now, oldest first, up to
@@ -61,33 +67,40 @@ class Workload:
         batch: list[Sequence] = []
         deadline = None
         while len(batch) < size:
-            try:
-                if not batch:
-                    item = self._queue.get(timeout=idle_timeout)
-                elif deadline is None:
-                    item = self._queue.get_nowait()
-                else:
-                    item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                break
-            if item is None:  # woken up
-                break
-            if item.cancelled:  # its request gave up while it waited: skip it
-                item.finish("", "cancelled")
-                self.release(item)
+            if not self._carry:
+                try:
+                    if not batch:
+                        item = self._queue.get(timeout=idle_timeout)
+                    elif deadline is None:
+                        item = self._queue.get_nowait()
+                    else:
+                        item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if item is None:  # woken up
+                    break
+                self._carry.extend(item)
                 continue
-            batch.append(item)
+            seq = self._take()
+            if seq.cancelled:  # its request gave up while it waited: skip it
+                seq.finish("", "cancelled")
+                self.release(seq)
+                continue
+            batch.append(seq)
             if deadline is None and wait_s > 0:
                 deadline = time.monotonic() + wait_s
         return batch
 
     def drain(self) -> list[Sequence]:
         """Take everything left (shutdown); the caller resolves and releases them."""
-        left = []
         while True:
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:
-                return left
+                break
             if item is not None:
-                left.append(item)
+                self._carry.extend(item)
+        left = []
+        while self._carry:
+            left.append(self._take())
+        return left

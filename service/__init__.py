@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 
 from flask import Flask, g, request
@@ -30,6 +31,7 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
     app.json.ensure_ascii = False  # completions are text: keep them readable in curl
     metrics = Metrics()
     model_path = functools.cache(lambda: resolve_model(config.model, config.cache_dir))
+    model_lock = threading.Lock()  # static rounds wait while vLLM compiles (see VLLMWorker)
 
     def load_runner() -> Runner:
         return Runner(model_path(), dtype=config.dtype, device=config.device, max_input_tokens=config.max_input_tokens)
@@ -40,6 +42,7 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
         batch_wait_ms=config.batch_wait_ms,
         max_queue=config.max_queue,
         torch_threads=config.torch_threads,
+        model_lock=model_lock,
         metrics=metrics,
     )
     vllm_engine = VLLMWorker(
@@ -53,6 +56,7 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
         max_inbox=config.vllm_max_inbox,
         enabled=config.vllm_enabled,
         context=app.test_request_context,
+        model_lock=model_lock,
         metrics=metrics,
     )
     app.extensions["engines"] = {"static": static_engine, "vllm": vllm_engine}

@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -37,8 +36,11 @@ class Server:
         gunicorn = Path(sys.executable).with_name("gunicorn")
         self.log = open(log_path, "wb")
         self.proc = subprocess.Popen(
-            [str(gunicorn), "-c", "gunicorn.conf.py", "wsgi:app"], cwd=ROOT, env=env,
-            stdout=self.log, stderr=subprocess.STDOUT,
+            [str(gunicorn), "-c", "gunicorn.conf.py", "wsgi:app"],
+            cwd=ROOT,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
         )
 
     def health(self) -> dict:
@@ -68,10 +70,16 @@ class Server:
 def server(tmp_path_factory):
     srv = Server(tmp_path_factory.mktemp("gunicorn") / "server.log")
     try:
-        wait_until(lambda: srv.engine("static").get("status") == "ready" or srv.proc.poll() is not None,
-                   180, "gunicorn to serve")
-        wait_until(lambda: srv.engine("vllm").get("status") in ("ready", "failed") or srv.proc.poll() is not None,
-                   600, "the vLLM engine")
+        wait_until(
+            lambda: srv.engine("static").get("status") == "ready" or srv.proc.poll() is not None,
+            180,
+            "gunicorn to serve",
+        )
+        wait_until(
+            lambda: srv.engine("vllm").get("status") in ("ready", "failed") or srv.proc.poll() is not None,
+            600,
+            "the vLLM engine",
+        )
         assert srv.proc.poll() is None, srv.log_text()[-3000:]
         yield srv
     finally:
@@ -93,8 +101,13 @@ def test_both_engines_start_under_gunicorn(server):
 
 
 def test_curl_generate_says_paris(server):
-    out = curl(f"{server.url}/generate", "-H", "Content-Type: application/json",
-               "-d", '{"prompts": ["The capital of France is"]}')
+    out = curl(
+        f"{server.url}/generate",
+        "-H",
+        "Content-Type: application/json",
+        "-d",
+        '{"prompts": ["The capital of France is"]}',
+    )
     assert "Paris" in json.loads(out)["generated_texts"][0]
 
 
@@ -119,8 +132,14 @@ def test_concurrent_requests_on_both_paths_are_all_answered(server):
 
 def test_curl_concurrent_requests(server):
     body = '{"prompts": ["Hello there"], "max_tokens": 3}'
-    procs = [subprocess.Popen(["curl", "-s", f"{server.url}/generate", "-H", "Content-Type: application/json",
-                               "-d", body], stdout=subprocess.PIPE, text=True) for _ in range(6)]
+    procs = [
+        subprocess.Popen(
+            ["curl", "-s", f"{server.url}/generate", "-H", "Content-Type: application/json", "-d", body],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(6)
+    ]
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert all(len(json.loads(o)["generated_texts"]) == 1 for o in outs)
 
@@ -139,8 +158,11 @@ def test_a_client_that_leaves_after_the_first_token_costs_nothing_more(server, p
         first = next(line for line in r.iter_lines() if line.startswith(b"data: "))
         assert "token" in json.loads(first[6:])
     # the connection is closed: the sequence is cancelled at its next step
-    wait_until(lambda: server.engine("static").get("inflight") == 0 and server.engine("vllm").get("running") == 0,
-               120, "the abandoned stream to be dropped")
+    wait_until(
+        lambda: server.engine("static").get("inflight") == 0 and server.engine("vllm").get("running") == 0,
+        120,
+        "the abandoned stream to be dropped",
+    )
     assert generate(server, "/generate", {"prompts": ["Hi"], "max_tokens": 2}).status_code == 200
 
 
@@ -151,8 +173,11 @@ def test_metrics_endpoint(server):
 
 def test_sigterm_answers_waiting_requests_with_503_and_exits_promptly(server):
     replies = []
-    long_request = threading.Thread(target=lambda: replies.append(
-        generate(server, "/generate", {"prompts": ["Tell me a story"] * 8, "max_tokens": 400})))
+    long_request = threading.Thread(
+        target=lambda: replies.append(
+            generate(server, "/generate", {"prompts": ["Tell me a story"] * 8, "max_tokens": 400})
+        )
+    )
     long_request.start()
     wait_until(lambda: server.engine("static").get("inflight", 0) > 0, 60, "the request to be in flight")
     server.proc.send_signal(signal.SIGTERM)

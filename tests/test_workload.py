@@ -101,3 +101,26 @@ def test_without_batch_wait_a_round_does_not_wait_for_latecomers():
     c = Sequence("c")
     w.put_all([c])
     assert w.next_batch(2, wait_s=0.0) == [c]
+
+
+def test_a_consumer_woken_by_a_request_sees_all_of_its_prompts():
+    w = Workload(16)
+    got = []
+    consumer = threading.Thread(target=lambda: got.append(w.next_batch(4)))
+    consumer.start()
+    six = seqs(*"abcdef")
+    w.put_all(six)  # the consumer was already waiting: it must still get a full round
+    consumer.join(10)
+    assert got == [six[:4]]
+    assert w.next_batch(4) == six[4:]
+    assert w.qsize() == 0
+
+
+def test_drain_returns_everything_still_queued():
+    w = Workload(16)
+    six = seqs(*"abcdef")
+    w.put_all(six[:3])
+    w.put_all(six[3:])
+    assert w.next_batch(2) == six[:2]
+    assert w.drain() == six[2:]
+    assert w.qsize() == 0

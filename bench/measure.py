@@ -1,0 +1,205 @@
+"""Timed calls: HTTP against the service, and the in-process baselines run in a subprocess.
+
+`python -m bench.measure direct|offline SPEC.json OUT.json` is the subprocess side: it loads the
+model the way the service does (same checkpoint, same dtype) and times the bare library call.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT_S = 600.0
+TOPICS = (
+    "the sea,mountains,coffee,bicycles,libraries,rain,the moon,bread,trains,music,gardens,winter,robots,"
+    "rivers,chess,bees"
+).split(",")
+TEMPLATES = [
+    "Write one sentence about {}.",
+    "Give a fun fact about {}.",
+    "Explain {} to a child.",
+    "List three words related to {}.",
+]
+
+
+def make_prompts(n: int) -> list[str]:
+    """n distinct short prompts, the same on every call and for every path."""
+    out = []
+    for i in range(n):
+        prompt = TEMPLATES[(i // len(TOPICS)) % len(TEMPLATES)].format(TOPICS[i % len(TOPICS)])
+        out.append(prompt if i < len(TOPICS) * len(TEMPLATES) else f"{prompt} ({i})")
+    return out
+
+
+@dataclass
+class Run:
+    seconds: float
+    rounds: int  # distinct `round` values in the details (vLLM: admission steps)
+    latencies_ms: list[float]  # per prompt: queue_ms + inference_ms
+
+
+def _post(url: str, path: str, body: dict) -> dict:
+    resp = requests.post(url + path, json=body, timeout=TIMEOUT_S)
+    if resp.status_code != 200:
+        raise RuntimeError(f"POST {path} -> {resp.status_code}: {resp.text[:300]}")
+    return resp.json()
+
+
+def _run(seconds: float, details: list[dict]) -> Run:
+    return Run(seconds, len({d["round"] for d in details}), [d["queue_ms"] + d["inference_ms"] for d in details])
+
+
+def one_request(url: str, path: str, prompts: list[str], max_tokens: int) -> Run:
+    """One request carrying every prompt."""
+    started = time.perf_counter()
+    body = _post(url, path, {"prompts": prompts, "max_tokens": max_tokens, "details": True})
+    seconds = time.perf_counter() - started
+    if len(body["generated_texts"]) != len(prompts):
+        raise RuntimeError(f"{path}: {len(body['generated_texts'])} completions for {len(prompts)} prompts")
+    return _run(seconds, body["details"])
+
+
+def concurrent(url: str, path: str, prompts: list[str], max_tokens: int) -> Run:
+    """One single-prompt request per prompt, all in flight at once (threads released together)."""
+    gate = threading.Barrier(len(prompts) + 1)
+
+    def call(prompt: str) -> tuple[float, list[dict]]:
+        gate.wait()
+        body = _post(url, path, {"prompts": [prompt], "max_tokens": max_tokens, "details": True})
+        return time.perf_counter(), body["details"]
+
+    with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+        futures = [pool.submit(call, p) for p in prompts]
+        gate.wait(timeout=60)
+        started = time.perf_counter()
+        results = [f.result() for f in futures]
+    return _run(max(end for end, _ in results) - started, [d for _, ds in results for d in ds])
+
+
+def sequential_basic(url: str, prompts: list[str], max_tokens: int) -> Run:
+    """/basic_generate, one prompt after the other: the no-batching baseline."""
+    started, details = time.perf_counter(), []
+    for prompt in prompts:
+        body = _post(url, "/basic_generate", {"prompt": prompt, "max_tokens": max_tokens, "details": True})
+        details += body["details"]
+    return _run(time.perf_counter() - started, details)
+
+
+def summarize(runs: list[float]) -> dict:
+    return {"runs": runs, "median": statistics.median(runs), "min": min(runs), "max": max(runs)}
+
+
+def cell(path: str, method: str, n: int, repeats: int, fn: Callable[[], Run]) -> dict:
+    """Repeat one measurement; the cell's median and spread (min-max) over the repeats."""
+    runs = [fn() for _ in range(repeats)]
+    out = {"path": path, "method": method, "n": n, "repeats": repeats, **summarize([r.seconds for r in runs])}
+    out["rounds"] = [r.rounds for r in runs]
+    print(f"  N={n:<3} {path:>6} {method:<10} {out['median']:8.3f} s  [{out['min']:.3f}-{out['max']:.3f}]", flush=True)
+    return out
+
+
+def percentile(values: list[float], pct: float) -> float:
+    """Nearest rank."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(pct / 100 * len(ordered)) - 1)]
+
+
+# --- baselines, run in a subprocess ---------------------------------------------------------------
+def run_baseline(kind: str, prompts: list[str], repeats: int, max_tokens: int, log_path: Path) -> dict:
+    """Start `python -m bench.measure KIND` in its own process; its output goes to `log_path`."""
+    # the model and dtype the service reads from the same environment
+    env = os.environ
+    spec = {
+        "prompts": prompts,
+        "repeats": repeats,
+        "max_tokens": max_tokens,
+        "model": env.get("MODEL", "smollm2"),
+        "cache_dir": env.get("CACHE_DIR", ".cache/models"),
+        "dtype": env.get("DTYPE", "auto"),
+    }
+    spec_path, out_path = log_path.with_suffix(f".{kind}.spec.json"), log_path.with_suffix(f".{kind}.out.json")
+    spec_path.write_text(json.dumps(spec))
+    env = {**env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    cmd = [sys.executable, "-m", "bench.measure", kind, str(spec_path), str(out_path)]
+    try:
+        with open(log_path, "a") as log:
+            subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=900, check=True)
+        result = json.loads(out_path.read_text())
+    finally:
+        spec_path.unlink(missing_ok=True)
+        out_path.unlink(missing_ok=True)
+    return {**result, **summarize(result["runs"]), "n": len(prompts)}
+
+
+def _timed(fn: Callable[[], object], repeats: int) -> list[float]:
+    fn()  # warm-up
+    runs = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        runs.append(time.perf_counter() - started)
+    return runs
+
+
+def _direct(spec: dict) -> dict:
+    """Bare `model.generate()` (and the service's own `Runner.generate`) on the same prompts."""
+    import torch
+
+    from batcher.checkpoint import resolve_model
+    from batcher.runner import Runner, set_torch_threads
+    from batcher.sequence import SamplingParams, Sequence
+
+    set_torch_threads(0)  # as the service's model thread does
+    runner = Runner(resolve_model(spec["model"], spec["cache_dir"]), dtype=spec["dtype"])
+    prompts, max_tokens = spec["prompts"], spec["max_tokens"]
+
+    @torch.inference_mode()
+    def bare() -> None:
+        pad = runner.tokenizer.pad_token_id
+        runner.model.generate(**runner.encode(prompts), max_new_tokens=max_tokens, do_sample=False, pad_token_id=pad)
+
+    def service_round() -> None:
+        seqs = [Sequence(p, SamplingParams(max_tokens=max_tokens)) for p in prompts]
+        runner.generate(seqs, runner.encode(prompts))
+
+    runner_runs, bare_runs = _timed(service_round, spec["repeats"]), _timed(bare, spec["repeats"])
+    return {"dtype": str(runner.dtype), "runs": bare_runs, "runner_generate": summarize(runner_runs)}
+
+
+def _offline(spec: dict) -> dict:
+    """Offline `vllm.LLM.generate()`, built with the service's engine settings."""
+    from vllm import LLM, SamplingParams
+
+    from batcher.checkpoint import resolve_model
+    from batcher.runner import pick_device, pick_dtype
+
+    dtype = str(pick_dtype(spec["dtype"], pick_device("auto"))).removeprefix("torch.")
+    started = time.perf_counter()
+    path = resolve_model(spec["model"], spec["cache_dir"])
+    llm = LLM(model=path, dtype=dtype, max_model_len=2048, max_num_seqs=64, gpu_memory_utilization=0.5)
+    load_seconds = time.perf_counter() - started
+    params = SamplingParams(max_tokens=spec["max_tokens"], temperature=0)
+    runs = _timed(lambda: llm.generate(spec["prompts"], params, use_tqdm=False), spec["repeats"])
+    return {"dtype": dtype, "load_seconds": load_seconds, "runs": runs}
+
+
+if __name__ == "__main__":
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    kind, spec_file, out_file = sys.argv[1:4]
+    result = {"direct": _direct, "offline": _offline}[kind](json.loads(Path(spec_file).read_text()))
+    Path(out_file).write_text(json.dumps(result))
