@@ -174,6 +174,8 @@ def targets(res: dict) -> list[dict]:
     s1, v1 = _median(find(cells, "static", "one", big)), _median(find(cells, "vllm", "one", big))
     vc, peak = _median(find(cells, "vllm", "concurrent", big)), res.get("memory", {}).get("peak_gib")
     direct, offline = _median(res.get("direct")), _median(res.get("offline"))
+    # the sweep's run at the same BATCH_SIZE is the static path on a service without vLLM
+    alone = next((r for r in res.get("sweep", []) if r["batch_size"] == bs and r["n"] == big), None)
     out = [
         _check(
             f"static overhead: /generate N={bs} vs direct model.generate()",
@@ -199,6 +201,14 @@ def targets(res: dict) -> list[dict]:
     rounds_ok = all(r["rounds_ok"] for r in rows) if rows else None
     out += [
         _check("round count == ceil(N/BATCH_SIZE), all N", rounds_ok, "{}", "True", bool, "not measured"),
+        _check(
+            f"static /generate N={big} with vLLM loaded and idle vs without (sweep, BATCH_SIZE={bs})",
+            _div(s1, alone and alone["seconds"]),
+            "{:.2f}x",
+            "<= 1.10x",
+            _within_10,
+            "no sweep row to compare",
+        ),
         _check(f"continuous/static throughput N={big}", _div(s1, v1), "{:.2f}x", "> 1x", lambda v: v > 1, "no vLLM"),
         _check(
             f"vLLM overhead: /generate_vllm N={big} vs offline LLM.generate()",

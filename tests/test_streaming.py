@@ -5,6 +5,8 @@ import threading
 
 import pytest
 
+from service import create_app, shutdown
+from service.config import Config
 from tests.test_api import post
 
 
@@ -57,3 +59,27 @@ def test_an_error_before_the_first_token_is_a_plain_json_error(client, short_tim
     short_timeout(0.000001)
     r = post(client, "/generate_stream", {"prompt": "Hello", "max_tokens": 50})
     assert r.status_code == 504 and r.json["type"] == "deadline_exceeded"
+
+
+@pytest.fixture
+def static_only_app():
+    app = create_app(Config(vllm_enabled=False))
+    assert app.extensions["engines"]["static"].wait_ready(60)
+    yield app
+    shutdown(app)
+
+
+def test_an_error_after_the_first_token_is_the_streams_last_event(static_only_app):
+    r = static_only_app.test_client().post(
+        "/generate_stream", json={"prompt": "Tell me a long story about", "max_tokens": 400}, buffered=False
+    )
+    assert r.status_code == 200
+    chunks = iter(r.response)
+    first = json.loads(next(chunks).decode().removeprefix("data: "))
+    assert "token" in first
+    shutdown(static_only_app)  # mid-stream: the running round is abandoned at its next step
+    rest = [json.loads(c.decode().removeprefix("data: ")) for c in chunks if c.strip()]
+    assert rest[-1]["type"] == "shutting_down" and rest[-1]["status"] == 503 and rest[-1]["error"]
+    assert rest[-1]["sequence_id"] == first["sequence_id"]
+    assert len([e for e in rest if "token" in e]) < 399
+    r.close()

@@ -1,0 +1,33 @@
+"""The benchmark itself, tiny: it starts the real service, measures, and writes its results."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_bench_runs_and_writes_json_with_the_round_model(tmp_path):
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench",
+        "--no-vllm",
+        "--n",
+        "1,4",
+        "--repeats",
+        "1",
+        "--no-sweep",
+        "--no-offline",
+        "--no-direct",
+        "--out",
+        str(tmp_path),
+    ]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "| N |" in run.stdout  # the markdown table
+    result = json.loads((tmp_path / "latest.json").read_text())
+    static_one = {c["n"]: c for c in result["cells"] if c["path"] == "static" and c["method"] == "one"}
+    assert static_one[1]["rounds"] == [1] and static_one[4]["rounds"] == [1]  # ceil(N / 4)
+    assert result["machine"]["cores"] >= 1 and (tmp_path / "latest.png").exists()
