@@ -2,7 +2,8 @@
 
 Everything per row (max_tokens, temperature, top_p, cancellation, streaming) rides on hooks that
 `transformers.generate()` already offers, so a round stays one `generate()` call:
-- a `LogitsProcessor` applies each row's temperature and top_p (greedy rows become one-hot),
+- `LogitsProcessor`s apply each row's temperature and top_p (greedy rows become one-hot) and
+  keep EOS away from rows that ignore it,
 - a `StoppingCriteria` ends each row at its own max_tokens, at EOS, or when it is cancelled,
 - a streamer receives each decoding step's tokens, so streamed text leaves as it is produced.
 """
@@ -76,6 +77,20 @@ class PerRowSampling(LogitsProcessor):
         sampled = scaled.masked_fill(drop, float("-inf"))
         one_hot = torch.full_like(scores, float("-inf")).scatter(1, scores.argmax(-1, keepdim=True), 0.0)
         return torch.where(greedy, one_hot, sampled)
+
+
+class SuppressEos(LogitsProcessor):
+    """Rows that ignore EOS never pick it: HF's own `min_new_tokens` does the same, for all rows."""
+
+    def __init__(self, rows: torch.Tensor, eos_ids: list[int]):
+        self.rows = rows  # [B] bool
+        self.eos_ids = eos_ids
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        # scores: [B, V]
+        is_eos = torch.zeros(scores.shape[-1], dtype=torch.bool, device=scores.device)
+        is_eos[self.eos_ids] = True
+        return scores.masked_fill(self.rows[:, None] & is_eos[None, :], float("-inf"))
 
 
 class RoundRows(BaseStreamer, StoppingCriteria):
@@ -164,6 +179,9 @@ class Runner:
         rows = RoundRows(seqs, self.tokenizer, self.eos_ids)
         sample = any(not s.params.greedy for s in seqs)
         processors = LogitsProcessorList()
+        if any(s.params.ignore_eos for s in seqs):
+            ignore_eos = torch.tensor([s.params.ignore_eos for s in seqs], device=self.device)
+            processors.append(SuppressEos(ignore_eos, sorted(self.eos_ids)))
         if sample:
             processors.append(
                 PerRowSampling(

@@ -17,6 +17,7 @@ class SamplingParams:
     max_tokens: int = 20
     temperature: float = 0.0
     top_p: float = 1.0
+    ignore_eos: bool = False  # generate exactly max_tokens (benchmarks: equal work on every path)
 
     @property
     def greedy(self) -> bool:

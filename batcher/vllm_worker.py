@@ -16,19 +16,18 @@ import contextlib
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
-from batcher.errors import NotReady, RoundFailed, ShuttingDown
+from batcher.engine import EngineThread
+from batcher.errors import RoundFailed, ShuttingDown
 from batcher.metrics import Metrics
 from batcher.sequence import Sequence
-from batcher.workload import Workload
 
 log = logging.getLogger(__name__)
 
 
-class VLLMWorker:
+class VLLMWorker(EngineThread):
     name = "vllm"
 
     def __init__(
@@ -47,6 +46,7 @@ class VLLMWorker:
         model_lock: threading.Lock | None = None,
         metrics: Metrics | None = None,
     ):
+        super().__init__(max_queue=max_inbox, metrics=metrics, enabled=enabled, why_disabled="VLLM_ENABLED is off")
         self._model_path = model_path
         self.dtype = dtype
         self.max_num_seqs = max_num_seqs
@@ -60,61 +60,18 @@ class VLLMWorker:
         # ("module is not installed as a submodule"). The static thread holds this lock around
         # each round, and we hold it while the engine builds, so static rounds wait instead.
         self.model_lock = model_lock or threading.Lock()
-        self.workload = Workload(max_inbox)
-        self.metrics = metrics or Metrics()
         self.metrics.vllm_waiting.set_function(self.workload.qsize)
         self.metrics.vllm_running.set_function(lambda: len(self._active))
         self.engine = None
-        self.status = "loading" if enabled else "disabled"
-        self.error: str | None = None if enabled else "VLLM_ENABLED is off"
-        self.load_seconds: float | None = None
         self.steps = 0
         self._active: dict[str, Sequence] = {}  # in the engine, by request id
-        self._ready = threading.Event()
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="vllm-engine-thread", daemon=True)
-        if not enabled:
-            self._ready.set()
-
-    # --- request threads -----------------------------------------------------------------
-    def start(self) -> VLLMWorker:
-        if self.status == "loading":
-            self._thread.start()
-        return self
-
-    def wait_ready(self, timeout: float | None = None) -> bool:
-        self._ready.wait(timeout)
-        return self.status == "ready"
-
-    def submit(self, seqs: list[Sequence]) -> None:
-        if self._stopping.is_set():
-            raise ShuttingDown("the vLLM engine is shutting down")
-        if self.status != "ready":
-            raise NotReady(f"the vLLM engine is not ready ({self.status})" + (f": {self.error}" if self.error else ""))
-        self.workload.put_all(seqs)
-        self.metrics.prompts.labels(self.name).inc(len(seqs))
-
-    def stop(self, timeout: float = 30.0) -> None:
-        self._stopping.set()
-        self.workload.wake()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-        if self.status in ("ready", "loading"):
-            self.status = "stopped"
 
     def unfinished(self) -> int:
         """Requests the engine itself still holds (0 once everything was answered or aborted)."""
         return self.engine.get_num_unfinished_requests() if self.engine is not None else 0
 
     def health(self) -> dict:
-        return {
-            "status": self.status,
-            "error": self.error,
-            "load_seconds": self.load_seconds,
-            "steps": self.steps,
-            "queued": self.workload.qsize(),
-            "running": len(self._active),
-        }
+        return {**super().health(), "steps": self.steps, "running": len(self._active)}
 
     # --- the engine thread ---------------------------------------------------------------
     def _build_engine(self):
@@ -138,23 +95,14 @@ class VLLMWorker:
         )
         return LLMEngine.from_engine_args(args)
 
-    def _run(self) -> None:
-        started = time.perf_counter()
-        try:
-            # vLLM's CPU backend probes every attribute of every imported module with hasattr(),
-            # and Flask's context-local proxies raise outside a context; the caller passes one.
-            # Built here, in the thread that steps it, since OpenMP binds threads per thread.
-            with self._context(), self.model_lock:
-                self.engine = self._build_engine()
-            self.load_seconds = time.perf_counter() - started
-            self.status = "ready"
-            log.info("vLLM engine ready in %.1fs", self.load_seconds)
-        except Exception as exc:  # the service stays up on the static path
-            log.exception("vLLM engine failed to start")
-            self.status, self.error = "failed", f"{type(exc).__name__}: {exc}"
-            return
-        finally:
-            self._ready.set()
+    def _load(self) -> None:
+        # vLLM's CPU backend probes every attribute of every imported module with hasattr(),
+        # and Flask's context-local proxies raise outside a context; the caller passes one.
+        # Built here, in the thread that steps it, since OpenMP binds threads per thread.
+        with self._context(), self.model_lock:
+            self.engine = self._build_engine()
+
+    def _serve(self) -> None:
         while not self._stopping.is_set():
             self._admit()
             self._abort_cancelled()
@@ -179,8 +127,8 @@ class VLLMWorker:
                     tokenization_kwargs={"truncate_prompt_tokens": self.max_input_tokens, "truncation_side": "left"},
                 )
             except Exception as exc:  # a prompt the engine refuses fails alone
-                seq.fail(RoundFailed(f"vLLM refused the prompt: {type(exc).__name__}: {exc}"))
                 self.workload.release(seq)
+                seq.fail(RoundFailed(f"vLLM refused the prompt: {type(exc).__name__}: {exc}"))
                 continue
             self._active[seq.id] = seq
             admitted.append(seq)
@@ -195,6 +143,7 @@ class VLLMWorker:
             max_tokens=seq.params.max_tokens,
             temperature=seq.params.temperature,
             top_p=seq.params.top_p,
+            ignore_eos=seq.params.ignore_eos,
             output_kind=RequestOutputKind.DELTA,  # each step hands out only the new text
         )
 
@@ -204,8 +153,8 @@ class VLLMWorker:
             return
         self.engine.abort_request([seq.id for seq in cancelled])
         for seq in cancelled:
-            seq.finish(seq.text, "cancelled")
             self._forget(seq)
+            seq.finish(seq.text, "cancelled")
 
     def _step(self) -> None:
         self.steps += 1
@@ -218,8 +167,8 @@ class VLLMWorker:
                 self.engine.abort_request([seq.id for seq in failed])
             error = RoundFailed(f"vLLM step failed: {type(exc).__name__}: {exc}")
             for seq in failed:
-                seq.fail(error)
                 self._forget(seq)
+                seq.fail(error)
             return
         self.metrics.vllm_steps.inc()
         for out in outputs:
@@ -232,11 +181,11 @@ class VLLMWorker:
             seq.emit(completion.text)
             self.metrics.generated_tokens.labels(self.name).inc(len(completion.token_ids))
             if out.finished:
-                seq.finish(seq.text, completion.finish_reason or "length")
                 self._forget(seq)
+                seq.finish(seq.text, completion.finish_reason or "length")
 
     def _forget(self, seq: Sequence) -> None:
-        """After a sequence was resolved: out of the engine's map and the live map."""
+        """Out of the engine's map and the live map, just before the sequence is resolved."""
         self._active.pop(seq.id, None)
         self.workload.release(seq)
 
@@ -245,7 +194,7 @@ class VLLMWorker:
             with contextlib.suppress(Exception):
                 self.engine.abort_request(list(self._active))
         stop = ShuttingDown("the vLLM engine shut down before this prompt finished")
-        for seq in list(self._active.values()) + self.workload.drain():
-            seq.fail(stop)
+        for seq in list(self._active.values()):
             self._forget(seq)
-        self.status = "stopped"
+            seq.fail(stop)
+        self._fail_waiting("the vLLM engine shut down before this prompt ran")

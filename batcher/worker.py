@@ -12,16 +12,16 @@ import threading
 import time
 from collections.abc import Callable
 
-from batcher.errors import NotReady, RoundFailed, ShuttingDown
+from batcher.engine import EngineThread
+from batcher.errors import RoundFailed, ShuttingDown
 from batcher.metrics import Metrics
 from batcher.runner import Runner, set_torch_threads
 from batcher.sequence import Sequence
-from batcher.workload import Workload
 
 log = logging.getLogger(__name__)
 
 
-class ModelWorker:
+class ModelWorker(EngineThread):
     name = "static"
 
     def __init__(
@@ -35,87 +35,42 @@ class ModelWorker:
         model_lock: threading.Lock | None = None,
         metrics: Metrics | None = None,
     ):
+        super().__init__(max_queue=max_queue, metrics=metrics)
         self._load_runner = load_runner
         self.batch_size = batch_size
         self.batch_wait_s = batch_wait_ms / 1000
         self.torch_threads = torch_threads
         # Held around each round; see VLLMWorker: its compiler patches torch process-wide.
         self.model_lock = model_lock or threading.Lock()
-        self.workload = Workload(max_queue)
-        self.metrics = metrics or Metrics()
         self.metrics.queue_depth.set_function(self.workload.qsize)
         self.metrics.inflight.set_function(lambda: len(self.workload.live()))
         self.runner: Runner | None = None
-        self.status = "loading"  # loading -> ready | failed; -> stopped
-        self.error: str | None = None
         self.rounds = 0
-        self._ready = threading.Event()
-        self._stopping = threading.Event()
         self._running: list[Sequence] = []
-        self._thread = threading.Thread(target=self._run, name="static-model-thread", daemon=True)
-
-    # --- request threads -----------------------------------------------------------------
-    def start(self) -> ModelWorker:
-        self._thread.start()
-        return self
-
-    def wait_ready(self, timeout: float | None = None) -> bool:
-        self._ready.wait(timeout)
-        return self.status == "ready"
-
-    def submit(self, seqs: list[Sequence]) -> None:
-        """Enqueue all of `seqs` or none (QueueFull); the caller waits on each `seq.done`."""
-        if self._stopping.is_set():
-            raise ShuttingDown("the static engine is shutting down")
-        if self.status != "ready":
-            reason = f": {self.error}" if self.error else ""
-            raise NotReady(f"the static engine is not ready ({self.status}){reason}")
-        self.workload.put_all(seqs)
-        self.metrics.prompts.labels(self.name).inc(len(seqs))
-
-    def stop(self, timeout: float = 30.0) -> None:
-        """Take no more work, abandon the running round at its next step, fail what waits (503)."""
-        self._stopping.set()
-        for seq in list(self._running):
-            seq.cancel()
-        self.workload.wake()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-        self.status = "stopped"
 
     def health(self) -> dict:
-        return {
-            "status": self.status,
-            "error": self.error,
-            "rounds": self.rounds,
-            "queued": self.workload.qsize(),
-            "inflight": len(self.workload.live()),
-        }
+        return {**super().health(), "rounds": self.rounds, "inflight": len(self.workload.live())}
 
     # --- the model thread ----------------------------------------------------------------
-    def _run(self) -> None:
-        try:
-            self.runner = self._load_runner()
-            self.status = "ready"
-        except Exception as exc:  # the service stays up and answers 503 with the reason
-            log.exception("static engine failed to load")
-            self.status, self.error = "failed", f"{type(exc).__name__}: {exc}"
-            return
-        finally:
-            self._ready.set()
+    def _load(self) -> None:
+        self.runner = self._load_runner()
+
+    def _serve(self) -> None:
         while not self._stopping.is_set():
             batch = self.workload.next_batch(self.batch_size, self.batch_wait_s)
             if batch:
                 self._run_round(batch)
-        for seq in self.workload.drain():
-            seq.fail(ShuttingDown("the static engine shut down before this prompt ran"))
-            self.workload.release(seq)
+        self._fail_waiting("the static engine shut down before this prompt ran")
+
+    def _abandon(self) -> None:
+        for seq in list(self._running):  # the running round stops at its next step
+            seq.cancel()
 
     def _run_round(self, batch: list[Sequence]) -> None:
         self.rounds += 1
         round_no, started = self.rounds, time.perf_counter()
         self._running = batch
-        shape = None
+        shape, results, error = None, None, None
         # Every round: an idle vLLM engine in this process may have changed torch's thread count.
         set_torch_threads(self.torch_threads)
         try:
@@ -128,30 +83,23 @@ class ModelWorker:
             if len(results) != len(batch):
                 raise RuntimeError(f"round returned {len(results)} results for {len(batch)} sequences")
         except Exception as exc:  # one bad round fails its own sequences; the thread lives on
-            log.exception("round %d failed: %s sequences=%s", round_no, shape, [s.id for s in batch])
-            for seq in batch:
-                seq.fail(RoundFailed(f"round {round_no} failed: {type(exc).__name__}: {exc}"))
-            self.metrics.rounds.labels("failed").inc()
-        else:
-            for seq in batch:  # hand each result back by sequence id
-                text, reason = results[seq.id]
-                if reason == "cancelled" and self._stopping.is_set():
-                    seq.fail(ShuttingDown("the static engine shut down while this prompt ran"))
-                else:
-                    seq.finish(text, reason)
-                self.metrics.generated_tokens.labels(self.name).inc(len(seq.token_ids))
-            self.metrics.rounds.labels("ok").inc()
-        finally:
-            self._running = []
-            for seq in batch:
-                self.workload.release(seq)
-            elapsed = time.perf_counter() - started
-            self.metrics.batch_size.observe(len(batch))
-            self.metrics.round_seconds.observe(elapsed)
-        log.info(
-            "round %d: Batch input shape: %s sequences=%s %.3fs",
-            round_no,
-            shape,
-            [s.id for s in batch],
-            elapsed,
-        )
+            error = exc
+            log.exception("round %d failed", round_no)
+        elapsed = time.perf_counter() - started
+        # logged before anyone is woken, so a client that got its answer finds the line written
+        log.info("round %d: Batch input shape: %s sequences=%s %.3fs", round_no, shape, [s.id for s in batch], elapsed)
+        self._running = []
+        for seq in batch:  # hand each result back by sequence id
+            self.workload.release(seq)  # before waking its request: nothing in flight is left over
+            if error is not None:
+                seq.fail(RoundFailed(f"round {round_no} failed: {type(error).__name__}: {error}"))
+                continue
+            text, reason = results[seq.id]
+            if reason == "cancelled" and self._stopping.is_set():
+                seq.fail(ShuttingDown("the static engine shut down while this prompt ran"))
+            else:
+                seq.finish(text, reason)
+            self.metrics.generated_tokens.labels(self.name).inc(len(seq.token_ids))
+        self.metrics.rounds.labels("failed" if error else "ok").inc()
+        self.metrics.batch_size.observe(len(batch))
+        self.metrics.round_seconds.observe(elapsed)

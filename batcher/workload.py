@@ -83,8 +83,8 @@ class Workload:
                 continue
             seq = self._take()
             if seq.cancelled:  # its request gave up while it waited: skip it
-                seq.finish("", "cancelled")
                 self.release(seq)
+                seq.finish("", "cancelled")
                 continue
             batch.append(seq)
             if deadline is None and wait_s > 0:

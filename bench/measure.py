@@ -22,6 +22,9 @@ from pathlib import Path
 import requests
 
 ROOT = Path(__file__).resolve().parent.parent
+# Every prompt generates exactly max_tokens on every path (as vLLM's own benchmarks do), so that
+# a prompt the model happens to end early does not make one path look faster than another.
+SAME_WORK = {"ignore_eos": True}
 TIMEOUT_S = 600.0
 TOPICS = (
     "the sea,mountains,coffee,bicycles,libraries,rain,the moon,bread,trains,music,gardens,winter,robots,"
@@ -65,7 +68,7 @@ def _run(seconds: float, details: list[dict]) -> Run:
 def one_request(url: str, path: str, prompts: list[str], max_tokens: int) -> Run:
     """One request carrying every prompt."""
     started = time.perf_counter()
-    body = _post(url, path, {"prompts": prompts, "max_tokens": max_tokens, "details": True})
+    body = _post(url, path, {"prompts": prompts, "max_tokens": max_tokens, "details": True, **SAME_WORK})
     seconds = time.perf_counter() - started
     if len(body["generated_texts"]) != len(prompts):
         raise RuntimeError(f"{path}: {len(body['generated_texts'])} completions for {len(prompts)} prompts")
@@ -78,7 +81,7 @@ def concurrent(url: str, path: str, prompts: list[str], max_tokens: int) -> Run:
 
     def call(prompt: str) -> tuple[float, list[dict]]:
         gate.wait()
-        body = _post(url, path, {"prompts": [prompt], "max_tokens": max_tokens, "details": True})
+        body = _post(url, path, {"prompts": [prompt], "max_tokens": max_tokens, "details": True, **SAME_WORK})
         return time.perf_counter(), body["details"]
 
     with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
@@ -93,7 +96,7 @@ def sequential_basic(url: str, prompts: list[str], max_tokens: int) -> Run:
     """/basic_generate, one prompt after the other: the no-batching baseline."""
     started, details = time.perf_counter(), []
     for prompt in prompts:
-        body = _post(url, "/basic_generate", {"prompt": prompt, "max_tokens": max_tokens, "details": True})
+        body = _post(url, "/basic_generate", {"prompt": prompt, "max_tokens": max_tokens, "details": True, **SAME_WORK})
         details += body["details"]
     return _run(time.perf_counter() - started, details)
 
@@ -169,10 +172,16 @@ def _direct(spec: dict) -> dict:
     @torch.inference_mode()
     def bare() -> None:
         pad = runner.tokenizer.pad_token_id
-        runner.model.generate(**runner.encode(prompts), max_new_tokens=max_tokens, do_sample=False, pad_token_id=pad)
+        runner.model.generate(
+            **runner.encode(prompts),
+            max_new_tokens=max_tokens,
+            min_new_tokens=max_tokens,
+            do_sample=False,
+            pad_token_id=pad,
+        )
 
     def service_round() -> None:
-        seqs = [Sequence(p, SamplingParams(max_tokens=max_tokens)) for p in prompts]
+        seqs = [Sequence(p, SamplingParams(max_tokens=max_tokens, ignore_eos=True)) for p in prompts]
         runner.generate(seqs, runner.encode(prompts))
 
     runner_runs, bare_runs = _timed(service_round, spec["repeats"]), _timed(bare, spec["repeats"])
@@ -191,7 +200,7 @@ def _offline(spec: dict) -> dict:
     path = resolve_model(spec["model"], spec["cache_dir"])
     llm = LLM(model=path, dtype=dtype, max_model_len=2048, max_num_seqs=64, gpu_memory_utilization=0.5)
     load_seconds = time.perf_counter() - started
-    params = SamplingParams(max_tokens=spec["max_tokens"], temperature=0)
+    params = SamplingParams(max_tokens=spec["max_tokens"], temperature=0, ignore_eos=True)
     runs = _timed(lambda: llm.generate(spec["prompts"], params, use_tqdm=False), spec["repeats"])
     return {"dtype": dtype, "load_seconds": load_seconds, "runs": runs}
 

@@ -31,6 +31,13 @@ def _number(body: dict, key: str, default, kind, check, rule: str):
     return kind(value)
 
 
+def _flag(body: dict, key: str) -> bool:
+    value = body.get(key, False)
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"'{key}' must be true or false")
+    return value
+
+
 def parse(request: Request, config: Config, *, single: bool = False) -> GenerateRequest:
     """`single`: the body has one "prompt" string instead of a "prompts" list."""
     try:
@@ -60,11 +67,9 @@ def parse(request: Request, config: Config, *, single: bool = False) -> Generate
         max_tokens=_number(body, "max_tokens", config.max_new_tokens, int, lambda v: 1 <= v <= limit, f"in 1..{limit}"),
         temperature=_number(body, "temperature", 0.0, float, lambda v: 0 <= v <= 100, "in 0..100 (0: greedy)"),
         top_p=_number(body, "top_p", 1.0, float, lambda v: 0 < v <= 1, "in (0, 1]"),
+        ignore_eos=_flag(body, "ignore_eos"),
     )
-    details = body.get("details", False)
-    if not isinstance(details, bool):
-        raise InvalidRequest("'details' must be true or false")
-    return GenerateRequest(prompts=prompts, params=params, details=details)
+    return GenerateRequest(prompts=prompts, params=params, details=_flag(body, "details"))
 
 
 def from_request(*, single: bool = False) -> GenerateRequest:

@@ -74,6 +74,7 @@ def test_an_empty_list_answers_an_empty_list(client):
         ({"prompts": ["ok"], "top_p": 0}, 422, "invalid_request"),
         ({"prompts": ["ok"], "top_p": 1.5}, 422, "invalid_request"),
         ({"prompts": ["ok"], "details": "yes"}, 422, "invalid_request"),
+        ({"prompts": ["ok"], "ignore_eos": 1}, 422, "invalid_request"),
         ({"prompts": ["p"] * 17}, 413, "too_many_prompts"),  # the app fixture allows 16
         ({"prompts": ["x" * 70_000]}, 413, "body_too_large"),  # the app fixture allows 64 KiB
     ],

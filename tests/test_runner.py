@@ -88,3 +88,14 @@ def test_eos_ends_a_row_with_reason_stop(runner_fp32):
     rows.put(torch.tensor([next(iter(runner_fp32.eos_ids))]))
     assert rows(torch.zeros(1, 1), None).tolist() == [True]
     assert rows.finish(0) == (" Paris", "stop")
+
+
+def test_ignore_eos_generates_exactly_max_tokens(runner_fp32):
+    prompt = "Write one sentence about the sea."
+    [(_, reason)] = run(runner_fp32, [greedy(prompt, max_tokens=20)])
+    natural = greedy(prompt, max_tokens=20)
+    run(runner_fp32, [natural])
+    forced = Sequence(prompt, SamplingParams(max_tokens=20, ignore_eos=True))
+    (_, forced_reason), (_, other_reason) = run(runner_fp32, [forced, greedy(prompt, max_tokens=20)])
+    assert reason == other_reason == "stop" and len(natural.token_ids) < 20  # this prompt ends early
+    assert len(forced.token_ids) == 20 and forced_reason == "length"

@@ -87,3 +87,12 @@ def test_health_shows_the_vllm_engine_ready(vllm_client):
     assert body["engines"]["vllm"]["status"] == "ready"
     assert body["engines"]["vllm"]["load_seconds"] > 0
     json.dumps(body)
+
+
+def test_ignore_eos_generates_exactly_max_tokens_on_both_paths(vllm_client):
+    body = {"prompts": ["Write one sentence about the sea."], "max_tokens": 20, "details": True}
+    for path in ("/generate", "/generate_vllm"):
+        natural = post(vllm_client, path, body).json["details"][0]
+        forced = post(vllm_client, path, {**body, "ignore_eos": True}).json["details"][0]
+        assert natural["finish_reason"] == "stop" and natural["tokens"] < 20, path
+        assert forced["finish_reason"] == "length" and forced["tokens"] == 20, path
