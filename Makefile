@@ -10,6 +10,11 @@ PORT ?= 8000
 CACHE_DIR ?= .cache/models
 MODEL ?= smollm2
 STAMP := $(VENV)/.installed-$(ACCEL)
+# vLLM's CPU guide: preload tcmalloc and Intel OpenMP. Measured here on 64 prompts of offline
+# LLM.generate(): 39 req/s without, 43 with both. `make serve PRELOAD=` turns it off.
+ifeq ($(ACCEL),cpu)
+PRELOAD ?= $(subst $(eval) ,:,$(abspath $(wildcard /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 $(VENV)/lib/libiomp5.so)))
+endif
 
 .PHONY: setup serve test bench lint model
 
@@ -24,6 +29,9 @@ $(STAMP): requirements.txt requirements-$(ACCEL).txt requirements-dev.txt
 ifeq ($(ACCEL),cpu)
 	# PyPI's torchvision family breaks `import transformers` beside torch 2.13.0+cpu; nothing here uses it.
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	# tcmalloc for vLLM's CPU backend (see PRELOAD); best effort: needs root and apt-get.
+	-[ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  (apt-get install -y -qq libtcmalloc-minimal4 || (apt-get update -qq && apt-get install -y -qq libtcmalloc-minimal4))
 endif
 	rm -f $(VENV)/.installed-*
 	touch $@
@@ -33,13 +41,14 @@ model: $(STAMP)
 	CACHE_DIR=$(CACHE_DIR) MODEL=$(MODEL) $(PY) -m batcher.checkpoint
 
 serve: setup
-	HOST=$(HOST) PORT=$(PORT) MODEL=$(MODEL) CACHE_DIR=$(CACHE_DIR) $(VENV)/bin/gunicorn -c gunicorn.conf.py wsgi:app
+	HOST=$(HOST) PORT=$(PORT) MODEL=$(MODEL) CACHE_DIR=$(CACHE_DIR) LD_PRELOAD=$(PRELOAD) \
+	  $(VENV)/bin/gunicorn -c gunicorn.conf.py wsgi:app
 
 test: setup
 	$(PY) -m pytest -q tests
 
 bench: setup
-	$(PY) -m bench $(BENCH_ARGS)
+	LD_PRELOAD=$(PRELOAD) $(PY) -m bench $(BENCH_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .
