@@ -41,6 +41,7 @@ class VLLMWorker(EngineThread):
         kv_cache_gib: int = 1,
         gpu_memory_utilization: float = 0.5,
         max_inbox: int = 256,
+        enforce_eager: bool = False,
         enabled: bool = True,
         context: Callable[[], AbstractContextManager] = contextlib.nullcontext,
         model_lock: threading.Lock | None = None,
@@ -54,6 +55,7 @@ class VLLMWorker(EngineThread):
         self.max_input_tokens = max_input_tokens
         self.kv_cache_gib = kv_cache_gib
         self.gpu_memory_utilization = gpu_memory_utilization
+        self.enforce_eager = enforce_eager
         self._context = context
         # vLLM compiles the model at start with torch.fx tracing, which patches
         # torch.nn.Module.__call__ for the whole process: a static round running meanwhile fails
@@ -91,6 +93,7 @@ class VLLMWorker(EngineThread):
             max_num_seqs=self.max_num_seqs,
             max_model_len=self.max_model_len,
             gpu_memory_utilization=self.gpu_memory_utilization,
+            enforce_eager=self.enforce_eager,
             disable_log_stats=True,
         )
         return LLMEngine.from_engine_args(args)

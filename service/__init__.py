@@ -54,6 +54,7 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
         kv_cache_gib=config.vllm_kv_cache_gib,
         gpu_memory_utilization=config.vllm_gpu_memory_utilization,
         max_inbox=config.vllm_max_inbox,
+        enforce_eager=config.vllm_enforce_eager,
         enabled=config.vllm_enabled,
         context=app.test_request_context,
         model_lock=model_lock,
