@@ -43,13 +43,17 @@ class EngineThread:
         self._ready.wait(timeout)
         return self.status == "ready"
 
-    def submit(self, seqs: list[Sequence]) -> None:
-        """Enqueue all of `seqs` or none (QueueFull); the caller waits on each `seq.done`."""
+    def check_available(self) -> None:
+        """Raise what `submit()` would raise for any request: ShuttingDown or NotReady."""
         if self._stopping.is_set():
             raise ShuttingDown(f"the {self.name} engine is shutting down")
         if self.status != "ready":
             reason = f": {self.error}" if self.error else ""
             raise NotReady(f"the {self.name} engine is not ready ({self.status}){reason}")
+
+    def submit(self, seqs: list[Sequence]) -> None:
+        """Enqueue all of `seqs` or none (QueueFull); the caller waits on each `seq.done`."""
+        self.check_available()
         self.workload.put_all(seqs)
         self.metrics.prompts.labels(self.name).inc(len(seqs))
 

@@ -177,6 +177,8 @@ class Runner:
     def generate(self, seqs: list[Sequence], inputs: dict[str, torch.Tensor]) -> dict[str, tuple[str, str]]:
         """Run one round; return {sequence id: (completion text, finish reason)}."""
         rows = RoundRows(seqs, self.tokenizer, self.eos_ids)
+        for seq, count in zip(seqs, inputs["attention_mask"].sum(dim=-1).tolist(), strict=True):
+            seq.prompt_tokens = count  # the prompt as this round saw it: padding off, truncation on
         sample = any(not s.params.greedy for s in seqs)
         processors = LogitsProcessorList()
         if any(s.params.ignore_eos for s in seqs):

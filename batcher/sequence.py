@@ -50,9 +50,12 @@ class Sequence:
 
     prompt: str
     params: SamplingParams = field(default_factory=SamplingParams)
-    stream: bool = False
+    # where a streamed sequence puts (self, text) for each piece and (self, None) at its end; the
+    # sequences of one streamed request share one queue, so their pieces arrive in step order
+    pieces: queue.SimpleQueue | None = field(default=None, repr=False)
     id: str = field(default_factory=_next_id)
     status: Status = Status.QUEUED
+    prompt_tokens: int | None = None  # as the engine tokenized (and maybe truncated) the prompt
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None  # "length" | "stop"
@@ -66,13 +69,11 @@ class Sequence:
     started_at: float | None = None
     finished_at: float | None = None
     done: threading.Event = field(default_factory=threading.Event, repr=False)
-    # streamed text pieces, then None at the end; only for stream=True
-    deltas: queue.SimpleQueue | None = field(default=None, repr=False)
     _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
 
-    def __post_init__(self) -> None:
-        if self.stream and self.deltas is None:
-            self.deltas = queue.SimpleQueue()
+    @property
+    def stream(self) -> bool:
+        return self.pieces is not None
 
     # --- request thread side -------------------------------------------------------------
     def cancel(self) -> None:
@@ -89,8 +90,8 @@ class Sequence:
         self.round, self.batch_size, self.batch_shape = round_no, batch_size, shape
 
     def emit(self, delta: str) -> None:
-        if delta and self.deltas is not None:
-            self.deltas.put(delta)
+        if delta and self.pieces is not None:
+            self.pieces.put((self, delta))
 
     def finish(self, text: str, reason: str) -> None:
         self.text, self.finish_reason = text, reason
@@ -105,8 +106,8 @@ class Sequence:
             return
         self.status = status
         self.finished_at = time.monotonic()
-        if self.deltas is not None:
-            self.deltas.put(None)
+        if self.pieces is not None:
+            self.pieces.put((self, None))
         self.done.set()
 
     @property

@@ -179,6 +179,8 @@ class VLLMWorker(EngineThread):
             if seq is None:
                 continue
             completion = out.outputs[0]
+            if seq.prompt_tokens is None and out.prompt_token_ids is not None:
+                seq.prompt_tokens = len(out.prompt_token_ids)
             seq.token_ids.extend(completion.token_ids)
             seq.text += completion.text
             seq.emit(completion.text)

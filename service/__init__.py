@@ -8,16 +8,20 @@ import threading
 import time
 
 from flask import Flask, g, request
+from transformers import AutoTokenizer
 
 from batcher.checkpoint import resolve_model
 from batcher.metrics import Metrics
 from batcher.runner import Runner
 from batcher.vllm_worker import VLLMWorker
 from batcher.worker import ModelWorker
-from service import continuous, errors, ops, static
+from service import continuous, errors, openai_api, ops, static
 from service.config import Config
 
 log = logging.getLogger(__name__)
+
+# the routes that run prompts: counted in request_latency_seconds and logged one line each
+GENERATE_BLUEPRINTS = {"static", "vllm"} | {f"openai_{engine}" for engine in openai_api.PREFIXES}
 
 
 def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
@@ -62,9 +66,14 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
     )
     app.extensions["engines"] = {"static": static_engine, "vllm": vllm_engine}
     app.extensions["metrics"] = metrics
+    app.extensions["model_path"] = model_path
+    # for chat templates (the same rendering for both engines); loaded on first use
+    app.extensions["tokenizer"] = functools.cache(lambda: AutoTokenizer.from_pretrained(model_path()))
+    app.config["STARTED_AT"] = int(time.time())
 
     for blueprint in (static.bp, continuous.bp, ops.bp):
         app.register_blueprint(blueprint)
+    openai_api.register(app)
     errors.register(app)
     _observe_requests(app, metrics)
 
@@ -95,7 +104,7 @@ def _observe_requests(app: Flask, metrics: Metrics) -> None:
 
     @app.after_request
     def _record(response):
-        if request.endpoint and request.endpoint.startswith(("static.", "vllm.")):
+        if request.blueprint in GENERATE_BLUEPRINTS:
             elapsed = time.perf_counter() - g.started
             metrics.request_seconds.labels(request.path, str(response.status_code)).observe(elapsed)
             log.info("%s %s %d %.3fs", request.method, request.path, response.status_code, elapsed)

@@ -1,7 +1,9 @@
-"""What every generate view does, whichever engine serves it: submit, wait, answer.
+"""What every generate view does, whichever engine and whichever API: submit, wait, answer.
 
 Both engines take `Sequence`s through `submit()` and set each one's `done` event; the views only
-choose the engine and shape the reply.
+choose the engine and shape the reply. Streaming is split in two: `Pieces` is the engine side
+(submit, wait for the first piece, deadline, cancel on close), written once; each API formats
+the pieces into its own server-sent events (`demo_events` here, OpenAI's in openai_api.py).
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from typing import Protocol
 
 from flask import Response, current_app, jsonify, stream_with_context
 
-from batcher.sequence import Sequence
-from service.errors import DeadlineExceeded, describe, error_body
+from batcher.sequence import SamplingParams, Sequence
+from service.errors import ApiError, DeadlineExceeded, describe, error_body
 from service.schema import GenerateRequest
 
 
@@ -33,15 +35,13 @@ def _timeout() -> float:
     return current_app.config["SERVICE"].request_timeout_s
 
 
-def _raise_first_error(seqs: list[Sequence]) -> None:
-    for seq in seqs:
-        if seq.error is not None:
-            raise seq.error
+def _deadline_exceeded() -> DeadlineExceeded:
+    return DeadlineExceeded(f"request took longer than {_timeout():g}s")
 
 
-def complete(eng: Engine, req: GenerateRequest) -> list[Sequence]:
-    """Run every prompt of `req` on `eng` and wait for all of them, or fail the whole request."""
-    seqs = [Sequence(prompt, req.params) for prompt in req.prompts]
+def complete(eng: Engine, prompts: list[str], params: SamplingParams) -> list[Sequence]:
+    """Run every prompt on `eng` and wait for all of them, or fail the whole request."""
+    seqs = [Sequence(prompt, params) for prompt in prompts]
     if not seqs:
         return seqs
     eng.submit(seqs)
@@ -50,9 +50,69 @@ def complete(eng: Engine, req: GenerateRequest) -> list[Sequence]:
         if not seq.done.wait(max(0.0, deadline - time.monotonic())):
             for s in seqs:  # skipped if still queued, dropped at the next step if running
                 s.cancel()
-            raise DeadlineExceeded(f"request took longer than {_timeout():g}s")
-    _raise_first_error(seqs)
+            raise _deadline_exceeded()
+    for seq in seqs:
+        if seq.error is not None:
+            raise seq.error
     return seqs
+
+
+class Pieces:
+    """The engine side of a streamed request: iterate `(sequence, text)` for each piece of text
+    as its decoding step produces it, and `(sequence, None)` when that sequence has ended (its
+    `finish_reason` or `error` is then set); the iteration ends when every sequence has.
+
+    The constructor submits and waits for the first piece, so that an error before it (queue
+    full, engine down, deadline, a failed first round) raises in the view and becomes a plain
+    HTTP error with its status code. After that, a deadline raises `DeadlineExceeded` from the
+    iteration. `close()` cancels whatever still runs: call it when the client is gone.
+    """
+
+    def __init__(self, eng: Engine, prompts: list[str], params: SamplingParams):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.seqs = [Sequence(prompt, params, pieces=self._queue) for prompt in prompts]
+        eng.submit(self.seqs)
+        self._deadline = time.monotonic() + _timeout()
+        self._timeout_error = _deadline_exceeded()
+        self._first = self._next()
+        seq, text = self._first
+        if text is None and seq.error is not None:
+            self.close()
+            raise seq.error
+
+    def _next(self) -> tuple[Sequence, str | None]:
+        try:
+            return self._queue.get(timeout=max(0.0, self._deadline - time.monotonic()))
+        except queue.Empty:
+            self.close()
+            raise self._timeout_error from None
+
+    def __iter__(self) -> Iterator[tuple[Sequence, str | None]]:
+        piece, open_ = self._first, len(self.seqs)
+        while True:
+            yield piece
+            if piece[1] is None:
+                open_ -= 1
+                if not open_:
+                    return
+            piece = self._next()
+
+    def close(self) -> None:
+        for seq in self.seqs:  # a no-op for sequences that already ended
+            seq.cancel()
+
+
+def sse(events: Iterator[str]) -> Response:
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return Response(stream_with_context(events), mimetype="text/event-stream", headers=headers)
+
+
+def event(payload: dict | str) -> str:
+    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    return f"data: {data}\n\n"
+
+
+# --- the demo API: {"prompts": [...]} in, {"generated_texts": [...]} out ---------------------
 
 
 def _seconds(values) -> str:
@@ -88,49 +148,29 @@ def reply(seqs: list[Sequence], req: GenerateRequest, *, single: bool = False) -
     return response
 
 
-def _event(payload: dict) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+def demo_events(pieces: Pieces) -> Iterator[str]:
+    """One `data:` event per piece of text, then one with the finish reason (or the error)."""
+
+    def failed(seq: Sequence, exc: BaseException) -> str:
+        status, type_ = describe(exc)
+        return event({"sequence_id": seq.id, **error_body(str(exc), type_), "status": status})
+
+    seq = pieces.seqs[0]
+    try:
+        for seq, text in pieces:
+            if text is not None:
+                yield event({"token": text, "sequence_id": seq.id})
+            elif seq.error is not None:
+                yield failed(seq, seq.error)
+            else:
+                yield event({"sequence_id": seq.id, "finish_reason": seq.finish_reason, "done": True})
+    except ApiError as exc:  # the deadline, mid-stream
+        yield failed(seq, exc)
+    finally:
+        # Runs on normal end and when the client went away (the server closes the generator):
+        # either way the engine stops spending compute on this request.
+        pieces.close()
 
 
 def stream(eng: Engine, req: GenerateRequest) -> Response:
-    """Server-sent events: one `data:` event per piece of text, then one with the finish reason.
-
-    We wait for the first piece before answering, so that an error before the first token is
-    a plain JSON error with its status code; after it, an error is the stream's last event.
-    """
-    seq = Sequence(req.prompts[0], req.params, stream=True)
-    eng.submit([seq])
-    timeout = _timeout()
-    deadline = time.monotonic() + timeout
-
-    def next_piece() -> str | None:
-        try:
-            return seq.deltas.get(timeout=max(0.0, deadline - time.monotonic()))
-        except queue.Empty:
-            seq.cancel()
-            raise DeadlineExceeded(f"request took longer than {timeout:g}s") from None
-
-    first = next_piece()
-    if first is None:
-        _raise_first_error([seq])
-
-    def events() -> Iterator[str]:
-        try:
-            piece = first
-            while piece is not None:
-                yield _event({"token": piece, "sequence_id": seq.id})
-                piece = next_piece()
-            if seq.error is not None:
-                status, type_ = describe(seq.error)
-                yield _event({"sequence_id": seq.id, **error_body(str(seq.error), type_), "status": status})
-            else:
-                yield _event({"sequence_id": seq.id, "finish_reason": seq.finish_reason, "done": True})
-        except DeadlineExceeded as exc:
-            yield _event({"sequence_id": seq.id, **error_body(str(exc), exc.type), "status": exc.status})
-        finally:
-            # Runs on normal end and when the client went away (the server closes the
-            # generator): either way the engine stops spending compute on this sequence.
-            seq.cancel()
-
-    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return Response(stream_with_context(events()), mimetype="text/event-stream", headers=headers)
+    return sse(demo_events(Pieces(eng, req.prompts[:1], req.params)))

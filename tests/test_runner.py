@@ -1,6 +1,7 @@
 """The model itself, on the real default model: left padding, per-row parameters, detokenizing."""
 
 import copy
+import queue
 
 from batcher.runner import RoundRows
 from batcher.sequence import SamplingParams, Sequence
@@ -65,14 +66,16 @@ def test_streamed_pieces_join_into_the_decoded_text_without_broken_characters(ru
     tokenizer = runner_fp32.tokenizer
     text = " 안녕하세요, 세계! Ünïcödé – naïve café 😀 done"
     ids = tokenizer.encode(text, add_special_tokens=False)
-    seq = Sequence("x", SamplingParams(max_tokens=len(ids) + 1), stream=True)
+    seq = Sequence("x", SamplingParams(max_tokens=len(ids) + 1), pieces=queue.SimpleQueue())
     rows = RoundRows([seq], tokenizer, runner_fp32.eos_ids)
     for token in ids:  # one decoding step at a time, as generate() calls the streamer
         rows.put(torch.tensor([token]))
     final, _ = rows.finish(0)
     pieces = []
-    while not seq.deltas.empty():
-        pieces.append(seq.deltas.get())
+    while not seq.pieces.empty():
+        _, piece = seq.pieces.get()
+        if piece is not None:
+            pieces.append(piece)
     assert "".join(pieces) == final == tokenizer.decode(ids)
     assert not any("\ufffd" in piece for piece in pieces)
     assert len(pieces) > 5  # it really streamed, piece by piece

@@ -1,0 +1,26 @@
+"""Optional bearer-token auth for the generate routes (API_KEY); /health and /metrics stay open."""
+
+from __future__ import annotations
+
+import hmac
+
+from flask import Blueprint, current_app, request
+
+from service.errors import Unauthorized
+
+
+def require_api_key() -> None:
+    keys = current_app.config["SERVICE"].api_keys
+    if not keys:
+        return
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    token = token.strip().encode()
+    # compare with every key, whatever matched, so the time taken says nothing about the keys
+    matches = [hmac.compare_digest(token, key.encode()) for key in keys]
+    if scheme.lower() != "bearer" or not any(matches):
+        raise Unauthorized("missing or wrong API key: send 'Authorization: Bearer <key>'")
+
+
+def protect(bp: Blueprint) -> Blueprint:
+    bp.before_request(require_api_key)
+    return bp

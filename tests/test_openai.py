@@ -1,0 +1,308 @@
+"""The OpenAI API on both engines, driven by the official `openai` SDK against the real gunicorn.
+
+Every test runs twice: base URL /v1 (vLLM, continuous batching) and /static/v1 (static
+batching). Non-streamed replies are checked by the SDK's strict response validation, so a missing
+or mistyped field fails the test.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import openai
+import pytest
+import requests
+from transformers import AutoTokenizer
+
+from bench import serve_client
+from tests.conftest import wait_until
+from tests.test_e2e import Server
+
+KEY = "test-key"
+MODEL = "SmolLM2-135M-Instruct"
+PARIS = "The capital of France is"
+DEMO_ROUTE = {"/v1": "/generate_vllm", "/static/v1": "/generate"}
+BASES = pytest.mark.parametrize("base", list(DEMO_ROUTE))
+
+
+def started(srv: Server, *engines: str) -> Server:
+    for name in engines:
+        wait_until(
+            lambda name=name: srv.engine(name).get("status") in ("ready", "failed") or srv.proc.poll() is not None,
+            600,
+            f"the {name} engine",
+        )
+        assert srv.engine(name).get("status") == "ready", srv.log_text()[-3000:]
+    return srv
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = Server(
+        tmp_path_factory.mktemp("openai") / "server.log", API_KEY=f"other-key,{KEY}", MAX_PROMPTS_PER_REQUEST="8"
+    )
+    try:
+        yield started(srv, "static", "vllm")
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def sdk(server, base) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + base, api_key=KEY, max_retries=0, _strict_response_validation=True)
+
+
+@pytest.fixture
+def streaming_sdk(server, base) -> openai.OpenAI:
+    """Not strict: OpenAI's own stream chunks carry `finish_reason: null`, which the SDK's strict
+    validation (written for whole replies) refuses."""
+    return openai.OpenAI(base_url=server.url + base, api_key=KEY, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(server):
+    return AutoTokenizer.from_pretrained(
+        requests.get(f"{server.url}/v1/models", headers=auth()).json()["data"][0]["root"]
+    )
+
+
+def auth(key: str = KEY) -> dict:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def demo_texts(server, base, prompts, max_tokens) -> list[str]:
+    r = requests.post(
+        server.url + DEMO_ROUTE[base], json={"prompts": prompts, "max_tokens": max_tokens}, headers=auth(), timeout=300
+    )
+    assert r.status_code == 200, r.text
+    return r.json()["generated_texts"]
+
+
+@BASES
+def test_models_lists_the_served_model(sdk):
+    models = sdk.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    assert models.data[0].object == "model" and models.data[0].model_extra["max_model_len"] > 0
+
+
+@BASES
+def test_a_string_prompt_completes_as_on_the_demo_route_with_usage(server, sdk, base, tokenizer):
+    reply = sdk.completions.create(model=MODEL, prompt=PARIS, max_tokens=8, temperature=0)
+    [choice] = reply.choices
+    assert choice.text == demo_texts(server, base, [PARIS], 8)[0] and choice.text.startswith(" Paris")
+    assert choice.index == 0 and choice.finish_reason == "length"
+    assert reply.object == "text_completion" and reply.id.startswith("cmpl-") and reply.model == MODEL
+    assert reply.usage.prompt_tokens == len(tokenizer(PARIS).input_ids)
+    assert reply.usage.completion_tokens == 8
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + 8
+
+
+@BASES
+def test_a_list_of_prompts_gives_one_choice_per_prompt_in_order(server, sdk, base):
+    prompts = [PARIS, "def fibonacci(n):", "Once upon a time"]
+    reply = sdk.completions.create(model=MODEL, prompt=prompts, max_tokens=6, temperature=0, user="u1", suffix="x")
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    assert [c.text for c in reply.choices] == demo_texts(server, base, prompts, 6)
+    assert reply.usage.completion_tokens == 3 * 6
+
+
+@BASES
+def test_chat_answers_through_the_models_chat_template(sdk):
+    reply = sdk.chat.completions.create(
+        messages=[{"role": "user", "content": "What is the capital of France?"}], model=MODEL, temperature=0
+    )
+    [choice] = reply.choices
+    assert "Paris" in choice.message.content, choice.message.content
+    assert choice.message.role == "assistant" and choice.finish_reason in ("stop", "length")
+    assert reply.object == "chat.completion" and reply.id.startswith("chatcmpl-")
+    assert reply.usage.completion_tokens > 0 and reply.usage.prompt_tokens > 10  # the template's tokens too
+
+
+@BASES
+def test_streamed_completions_join_into_the_non_streamed_texts(sdk, streaming_sdk):
+    prompts = [PARIS, "Once upon a time"]
+    plain = [c.text for c in sdk.completions.create(model=MODEL, prompt=prompts, max_tokens=10, temperature=0).choices]
+    chunks = list(
+        streaming_sdk.completions.create(model=MODEL, prompt=prompts, max_tokens=10, temperature=0, stream=True)
+    )
+    joined = ["".join(c.choices[0].text for c in chunks if c.choices[0].index == i) for i in range(2)]
+    assert joined == plain
+    for i in range(2):
+        reasons = [c.choices[0].finish_reason for c in chunks if c.choices[0].index == i and c.choices[0].finish_reason]
+        assert reasons == ["length"]
+    assert len(chunks) > 6  # a chunk per decoding step, not one blob
+    assert all(c.usage is None for c in chunks)  # no usage chunk unless asked
+
+
+@BASES
+def test_streamed_chat_carries_the_role_first_and_usage_last_when_asked(sdk, streaming_sdk):
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    plain = sdk.chat.completions.create(messages=messages, model=MODEL, temperature=0, max_tokens=12)
+    chunks = list(
+        streaming_sdk.chat.completions.create(
+            messages=messages,
+            model=MODEL,
+            temperature=0,
+            max_tokens=12,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    *content, last = chunks
+    assert content[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in content) == plain.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in content if c.choices[0].finish_reason] == [
+        plain.choices[0].finish_reason
+    ]
+    assert last.choices == [] and last.usage.total_tokens == plain.usage.total_tokens
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+
+
+@BASES
+def test_errors_arrive_as_the_sdks_exception_classes(sdk):
+    with pytest.raises(openai.BadRequestError) as bad:
+        sdk.completions.create(model=MODEL, prompt=PARIS, max_tokens=0)
+    assert bad.value.body["param"] == "max_tokens" and bad.value.body["type"] == "invalid_request_error"
+    with pytest.raises(openai.BadRequestError) as bad:
+        sdk.completions.create(model=MODEL, prompt=PARIS, stream_options={"include_usage": True})
+    assert bad.value.body["param"] == "stream_options"
+    with pytest.raises(openai.BadRequestError) as bad:
+        sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": 3}])
+    assert bad.value.body["param"] == "messages"
+    with pytest.raises(openai.NotFoundError) as missing:
+        sdk.completions.create(model="gpt-4", prompt=PARIS)
+    assert missing.value.body["code"] == "model_not_found"
+    with pytest.raises(openai.APIStatusError) as too_many:
+        sdk.completions.create(model=MODEL, prompt=["a"] * 9, max_tokens=1)
+    assert too_many.value.status_code == 413 and too_many.value.body["code"] == "too_many_prompts"
+
+
+@BASES
+def test_invalid_json_is_a_400_in_openais_shape(server, base):
+    r = requests.post(f"{server.url}{base}/completions", data="{nope", headers=auth(), timeout=30)
+    assert r.status_code == 400
+    assert r.json() == {
+        "error": {
+            "message": "request body is not valid JSON",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "invalid_json",
+        }
+    }
+
+
+@BASES
+def test_the_api_key_is_required_on_every_generate_route(server, base):
+    wrong = openai.OpenAI(base_url=server.url + base, api_key="wrong-key", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as refused:
+        wrong.completions.create(model=MODEL, prompt=PARIS, max_tokens=1)
+    assert refused.value.body["code"] == "invalid_api_key"
+    none = requests.post(f"{server.url}{base}/completions", json={"prompt": PARIS, "max_tokens": 1}, timeout=30)
+    assert none.status_code == 401 and none.json()["error"]["type"] == "authentication_error"
+    demo = requests.post(server.url + DEMO_ROUTE[base], json={"prompts": ["Hi"], "max_tokens": 1}, timeout=30)
+    assert demo.status_code == 401 and demo.json()["type"] == "invalid_api_key"
+    assert requests.get(f"{server.url}/health", timeout=30).status_code == 200  # open
+    assert requests.get(f"{server.url}/metrics", timeout=30).status_code == 200
+    ok = openai.OpenAI(base_url=server.url + base, api_key="other-key").completions.create(
+        model=MODEL, prompt=PARIS, max_tokens=1
+    )
+    assert len(ok.choices) == 1
+
+
+def test_openai_requests_are_counted_and_logged_like_the_others(server):
+    metrics = requests.get(f"{server.url}/metrics", timeout=30).text
+    assert 'request_latency_seconds_count{endpoint="/v1/completions",status="200"}' in metrics
+    assert 'request_latency_seconds_count{endpoint="/static/v1/chat/completions",status="200"}' in metrics
+    assert "POST /static/v1/completions 200" in server.log_text()
+
+
+@BASES
+def test_vllms_benchmark_client_runs_without_a_failed_request(server, base, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    root = requests.get(f"{server.url}/v1/models", headers=auth(), timeout=30).json()["data"][0]["root"]
+    engine = "vllm" if base == "/v1" else "static"
+    result = serve_client.run(server.url, engine, root, MODEL, num_prompts=8, input_len=32, output_len=4)
+    assert result["completed"] == 8 and result["failed"] == 0
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tmp_path_factory):
+    """Static engine only, a queue of four: easy to fill."""
+    srv = Server(tmp_path_factory.mktemp("tiny") / "server.log", VLLM_ENABLED="0", MAX_QUEUE="4", BATCH_SIZE="4")
+    try:
+        yield started(srv, "static")
+    finally:
+        srv.stop()
+
+
+def test_the_sdk_retries_a_429_by_itself(tiny_server):
+    background = openai.OpenAI(base_url=f"{tiny_server.url}/static/v1", api_key="-", max_retries=0)
+
+    def fire(prompts, tokens):
+        background.completions.create(model=MODEL, prompt=prompts, max_tokens=tokens, extra_body={"ignore_eos": True})
+
+    # a long round of four runs, then four more prompts fill the queue
+    long_round = threading.Thread(target=fire, args=(["Tell me a story"] * 4, 40))
+    long_round.start()
+    wait_until(lambda: tiny_server.engine("static").get("inflight") == 4, 60, "the long round to run")
+    queued = threading.Thread(target=fire, args=(["a", "b", "c", "d"], 2))
+    queued.start()
+    wait_until(lambda: tiny_server.engine("static").get("queued") == 4, 60, "the queue to fill")
+
+    statuses = []
+    client = openai.OpenAI(
+        base_url=f"{tiny_server.url}/static/v1",
+        api_key="-",
+        max_retries=300,  # Retry-After is 1 s: the long round has minutes to finish, even on a busy machine
+        http_client=httpx.Client(event_hooks={"response": [lambda r: statuses.append(r.status_code)]}),
+    )
+    reply = client.completions.create(model=MODEL, prompt=PARIS, max_tokens=2)
+    long_round.join(300)
+    queued.join(300)
+    assert statuses[0] == 429 and statuses[-1] == 200 and set(statuses) == {429, 200}
+    assert len(reply.choices) == 1
+
+
+def test_a_disabled_engine_answers_503_as_the_sdks_exception(tiny_server):
+    client = openai.OpenAI(base_url=f"{tiny_server.url}/v1", api_key="-", max_retries=0)
+    with pytest.raises(openai.InternalServerError) as down:
+        client.models.list()
+    assert down.value.status_code == 503 and down.value.body["code"] == "engine_unavailable"
+    assert "VLLM_ENABLED" in down.value.body["message"]
+
+
+@pytest.fixture
+def in_process(vllm_app, base) -> openai.OpenAI:
+    """The SDK on the app in this process (tests/conftest.py's), through httpx's WSGI transport:
+    for the errors a healthy server does not make on demand."""
+    transport = httpx.WSGITransport(app=vllm_app)
+    return openai.OpenAI(
+        base_url=f"http://service{base}", api_key="-", max_retries=0, http_client=httpx.Client(transport=transport)
+    )
+
+
+@BASES
+def test_a_failed_round_is_a_500_and_a_passed_deadline_a_504_as_the_sdks_exceptions(
+    vllm_app, in_process, base, short_timeout, monkeypatch
+):
+    def broken(*args, **kwargs):
+        raise RuntimeError("the accelerator caught fire")
+
+    engine = vllm_app.extensions["engines"]["vllm" if base == "/v1" else "static"]
+    with monkeypatch.context() as patch:  # the engine's model call fails once the prompt runs
+        if base == "/v1":
+            patch.setattr(engine.engine, "step", broken)
+        else:
+            patch.setattr(engine.runner, "generate", broken)
+        with pytest.raises(openai.InternalServerError) as failed:
+            in_process.completions.create(model=MODEL, prompt=PARIS, max_tokens=2)
+    assert failed.value.status_code == 500 and failed.value.body["code"] == "generation_failed"
+    assert "caught fire" in failed.value.body["message"]
+
+    short_timeout(0.000001)  # no round ends within a microsecond
+    with pytest.raises(openai.InternalServerError) as late:
+        in_process.completions.create(model=MODEL, prompt=PARIS, max_tokens=50)
+    assert late.value.status_code == 504 and late.value.body["code"] == "deadline_exceeded"
+    short_timeout(120)
+    assert in_process.completions.create(model=MODEL, prompt=PARIS, max_tokens=2, temperature=0).choices[0].text
