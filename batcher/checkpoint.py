@@ -14,7 +14,9 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -60,10 +62,20 @@ def convert_gguf(source: Path, target: Path) -> None:
     missing = [k for k in missing if k != "lm_head.weight"]  # tied to the embeddings
     if missing or unexpected:
         raise RuntimeError(f"GGUF conversion lost weights: missing={missing} unexpected={unexpected}")
-    tmp = target.with_name(target.name + ".tmp")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    tmp.rename(target)  # atomic: a half-written folder never looks ready
+    # A temporary folder of our own beside the target, renamed into place: a half-written folder
+    # never looks ready, and two processes converting at once never write into the same folder.
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        try:
+            tmp.rename(target)
+        except OSError:  # another process renamed its copy first; keep that one
+            if not (target / "model.safetensors").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main() -> int:
