@@ -51,6 +51,7 @@ class Sequence:
     prompt: str
     params: SamplingParams = field(default_factory=SamplingParams)
     stream: bool = False
+    solo: bool = False  # runs in a round of its own (the unbatched baseline, /basic_generate)
     id: str = field(default_factory=_next_id)
     status: Status = Status.QUEUED
     token_ids: list[int] = field(default_factory=list)

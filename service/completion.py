@@ -39,9 +39,10 @@ def _raise_first_error(seqs: list[Sequence]) -> None:
             raise seq.error
 
 
-def complete(eng: Engine, req: GenerateRequest) -> list[Sequence]:
-    """Run every prompt of `req` on `eng` and wait for all of them, or fail the whole request."""
-    seqs = [Sequence(prompt, req.params) for prompt in req.prompts]
+def complete(eng: Engine, req: GenerateRequest, *, solo: bool = False) -> list[Sequence]:
+    """Run every prompt of `req` on `eng` and wait for all of them, or fail the whole request.
+    `solo`: each prompt runs in a round of its own (static engine)."""
+    seqs = [Sequence(prompt, req.params, solo=solo) for prompt in req.prompts]
     if not seqs:
         return seqs
     eng.submit(seqs)

@@ -15,9 +15,10 @@ def generate():
 
 @bp.post("/basic_generate")
 def basic_generate():
-    """One prompt, run as a batch of one through the same model thread: the unbatched baseline."""
+    """One prompt, run as a round of its own on the same model thread: the unbatched baseline.
+    It waits its turn like any prompt, but never shares its round, whatever else is waiting."""
     req = schema.from_request(single=True)
-    return completion.reply(completion.complete(completion.engine("static"), req), req, single=True)
+    return completion.reply(completion.complete(completion.engine("static"), req, solo=True), req, single=True)
 
 
 @bp.post("/generate_stream")

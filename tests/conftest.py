@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Callable
 
@@ -73,3 +74,21 @@ def short_timeout(app):
 
     yield set_timeout
     app.config["SERVICE"] = original
+
+
+@pytest.fixture
+def held_rounds(app):
+    """The static engine's model lock, held by the test: a round that was taken waits on it, and
+    what arrives meanwhile queues up, until the test lets go (the lock vLLM holds while it compiles,
+    so this may first wait for that)."""
+    engine = app.extensions["engines"]["static"]
+    assert engine.model_lock.acquire(timeout=600)
+    released = threading.Event()
+
+    def release():
+        if not released.is_set():
+            released.set()
+            engine.model_lock.release()
+
+    yield release
+    release()
