@@ -17,6 +17,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -62,13 +63,22 @@ def convert_gguf(source: Path, target: Path) -> None:
     missing = [k for k in missing if k != "lm_head.weight"]  # tied to the embeddings
     if missing or unexpected:
         raise RuntimeError(f"GGUF conversion lost weights: missing={missing} unexpected={unexpected}")
-    # A temporary folder of our own beside the target, renamed into place: a half-written folder
-    # never looks ready, and two processes converting at once never write into the same folder.
+    def save(folder: Path) -> None:
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+
+    save_atomically(target, save)
+
+
+def save_atomically(target: Path, save: Callable[[Path], None]) -> None:
+    """`save` into a temporary folder of our own beside `target`, then rename it into place: a
+    half-written folder never looks ready, and two processes converting at once never write into
+    the same folder (the first rename wins; the other copy is dropped)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        tmp.chmod(0o755)  # mkdtemp makes it private; the checkpoint is not
+        save(tmp)
         try:
             tmp.rename(target)
         except OSError:  # another process renamed its copy first; keep that one
