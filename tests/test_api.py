@@ -150,6 +150,7 @@ def test_health_reports_each_engine(client):
     engines = r.json["engines"]
     assert engines["static"]["status"] == "ready"
     assert engines["vllm"]["status"] in ("loading", "ready")
+    assert r.json["peak_memory_gib"] > 0.25  # this process's own peak: at least the model's weights
 
 
 def test_metrics_are_prometheus_text_that_counts_rounds_and_tokens(client):
