@@ -26,6 +26,8 @@ from service.config import Config
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SWEEP_N = 64
+# the service waits as long as our requests do, so a slow shared machine makes slow numbers, not 504s
+SERVICE_ENV = {"REQUEST_TIMEOUT_S": str(measure.TIMEOUT_S)}
 
 
 def _ints(text: str) -> list[int]:
@@ -85,7 +87,7 @@ def measure_grid(url: str, paths: dict[str, str], args: argparse.Namespace) -> l
 
 
 def service_phase(args: argparse.Namespace, res: dict, log_path: Path) -> None:
-    env = {"BATCH_SIZE": str(args.batch_size), "VLLM_ENABLED": "0" if args.no_vllm else "1"}
+    env = {"BATCH_SIZE": str(args.batch_size), "VLLM_ENABLED": "0" if args.no_vllm else "1", **SERVICE_ENV}
     srv = Server(url=args.url) if args.url else Server(log_path, env)
     try:
         health = srv.wait_ready(args.ready_timeout)
@@ -130,7 +132,7 @@ def sweep_phase(args: argparse.Namespace, res: dict, log_path: Path) -> None:
         return
     prompts = measure.make_prompts(SWEEP_N)
     for bs in args.sweep:
-        srv = Server(log_path, {"BATCH_SIZE": str(bs), "VLLM_ENABLED": "0"})
+        srv = Server(log_path, {"BATCH_SIZE": str(bs), "VLLM_ENABLED": "0", **SERVICE_ENV})
         try:
             srv.wait_ready(args.ready_timeout)
             measure.one_request(srv.url, "/generate", prompts[: min(bs, 4)], args.max_tokens)  # warm-up

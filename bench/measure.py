@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Every prompt generates exactly max_tokens on every path (as vLLM's own benchmarks do), so that
 # a prompt the model happens to end early does not make one path look faster than another.
 SAME_WORK = {"ignore_eos": True, "details": True}
+TIMEOUT_S = 600
 TOPICS = "the sea|mountains|coffee|bicycles|libraries|rain|the moon|bread|trains|music|gardens|winter|robots|rivers"
 TOPICS = f"{TOPICS}|chess|bees".split("|")
 TEMPLATES = ("Write one sentence about {}.", "Give a fun fact about {}.", "Explain {} to a child.")
@@ -47,7 +48,7 @@ class Run:
 
 
 def _post(url: str, path: str, body: dict) -> list[dict]:
-    resp = requests.post(url + path, json={**body, **SAME_WORK}, timeout=600)
+    resp = requests.post(url + path, json={**body, **SAME_WORK}, timeout=TIMEOUT_S)
     if resp.status_code != 200:
         raise RuntimeError(f"POST {path} -> {resp.status_code}: {resp.text[:300]}")
     return resp.json()["details"]

@@ -37,12 +37,14 @@ def runner_fp32(model_path) -> Runner:
 
 @pytest.fixture(scope="session")
 def app():
-    """The app as deployed: both engines, in one process. vLLM loads in the background; tests
-    that need it use the `vllm_app` fixture, which waits for it."""
+    """The app as deployed: both engines, in one process; `vllm_app` also asserts that vLLM is ready."""
     # float32 on both engines, so that parity between them is a matter of code, not of rounding
     config = Config.from_env(vllm_enabled=True, dtype="float32", max_prompts_per_request=16, max_body_bytes=64 * 1024)
     app = create_app(config)
     assert app.extensions["engines"]["static"].wait_ready(120), app.extensions["engines"]["static"].health()
+    # Static rounds wait while vLLM compiles (the model lock): wait for it here, once, rather than
+    # inside the first test's request deadline, which a slow compile on a busy machine outlasts.
+    app.extensions["engines"]["vllm"].wait_ready(600)
     yield app
     shutdown(app)
 
