@@ -46,9 +46,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--n", type=_ints, default=[1, 4, 16, 64], help="prompt counts N (default 1,4,16,64)")
     p.add_argument("--repeats", type=int, default=3, help="repeats per cell; median and min-max (default 3)")
     p.add_argument("--basic-max-n", type=int, default=16, help="/basic_generate cells above this N run once")
-    batch_size = Config.from_env().batch_size  # the service's own settings, so they cannot drift
-    p.add_argument("--batch-size", type=int, default=batch_size, help=f"BATCH_SIZE (default {batch_size})")
-    p.add_argument("--max-tokens", type=int, default=20, help="max_tokens per prompt, greedy (default 20)")
+    service = Config.from_env()  # the service's own settings, so the defaults cannot drift from them
+    p.add_argument("--batch-size", type=int, default=service.batch_size, help="BATCH_SIZE (default: the service's)")
+    p.add_argument("--max-tokens", type=int, default=service.max_new_tokens, help="max_tokens per prompt, greedy")
     p.add_argument("--sweep", type=_ints, default=[1, 2, 4, 8, 16, 64], help="BATCH_SIZE values for the sweep")
     p.add_argument("--no-sweep", action="store_true", help="skip the BATCH_SIZE sweep")
     p.add_argument("--no-vllm", action="store_true", help="start the service with VLLM_ENABLED=0 (fast)")
