@@ -14,7 +14,10 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import shutil
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -60,10 +63,30 @@ def convert_gguf(source: Path, target: Path) -> None:
     missing = [k for k in missing if k != "lm_head.weight"]  # tied to the embeddings
     if missing or unexpected:
         raise RuntimeError(f"GGUF conversion lost weights: missing={missing} unexpected={unexpected}")
-    tmp = target.with_name(target.name + ".tmp")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    tmp.rename(target)  # atomic: a half-written folder never looks ready
+
+    def save(folder: Path) -> None:
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+
+    save_atomically(target, save)
+
+
+def save_atomically(target: Path, save: Callable[[Path], None]) -> None:
+    """`save` into a temporary folder of our own beside `target`, then rename it into place: a
+    half-written folder never looks ready, and two processes converting at once never write into
+    the same folder (the first rename wins; the other copy is dropped)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        tmp.chmod(0o755)  # mkdtemp makes it private; the checkpoint is not
+        save(tmp)
+        try:
+            tmp.rename(target)
+        except OSError:  # another process renamed its copy first; keep that one
+            if not (target / "model.safetensors").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main() -> int:

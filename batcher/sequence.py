@@ -53,6 +53,7 @@ class Sequence:
     # where a streamed sequence puts (self, text) for each piece and (self, None) at its end; the
     # sequences of one streamed request share one queue, so their pieces arrive in step order
     pieces: queue.SimpleQueue | None = field(default=None, repr=False)
+    solo: bool = False  # runs in a round of its own (the unbatched baseline, /basic_generate)
     id: str = field(default_factory=_next_id)
     status: Status = Status.QUEUED
     prompt_tokens: int | None = None  # as the engine tokenized (and maybe truncated) the prompt

@@ -32,7 +32,7 @@ class VLLMWorker(EngineThread):
 
     def __init__(
         self,
-        model_path: Callable[[], str],
+        model_path: str,
         *,
         dtype: str = "auto",
         max_num_seqs: int = 64,
@@ -63,7 +63,7 @@ class VLLMWorker(EngineThread):
         # each round, and we hold it while the engine builds, so static rounds wait instead.
         self.model_lock = model_lock or threading.Lock()
         self.metrics.vllm_waiting.set_function(self.workload.qsize)
-        self.metrics.vllm_running.set_function(lambda: len(self._active))
+        self.metrics.vllm_running.set_function(self.running)
         self.engine = None
         self.steps = 0
         self._active: dict[str, Sequence] = {}  # in the engine, by request id
@@ -72,8 +72,11 @@ class VLLMWorker(EngineThread):
         """Requests the engine itself still holds (0 once everything was answered or aborted)."""
         return self.engine.get_num_unfinished_requests() if self.engine is not None else 0
 
+    def running(self) -> int:
+        return len(self._active)
+
     def health(self) -> dict:
-        return {**super().health(), "steps": self.steps, "running": len(self._active)}
+        return {**super().health(), "steps": self.steps, "running": self.running()}
 
     # --- the engine thread ---------------------------------------------------------------
     def _build_engine(self):
@@ -88,7 +91,7 @@ class VLLMWorker(EngineThread):
         device = pick_device("auto")
         dtype = str(pick_dtype(self.dtype, device)).removeprefix("torch.")
         args = EngineArgs(
-            model=self._model_path(),
+            model=self._model_path,
             dtype=dtype,
             max_num_seqs=self.max_num_seqs,
             max_model_len=self.max_model_len,
@@ -130,7 +133,6 @@ class VLLMWorker(EngineThread):
                     tokenization_kwargs={"truncate_prompt_tokens": self.max_input_tokens, "truncation_side": "left"},
                 )
             except Exception as exc:  # a prompt the engine refuses fails alone
-                self.workload.release(seq)
                 seq.fail(RoundFailed(f"vLLM refused the prompt: {type(exc).__name__}: {exc}"))
                 continue
             self._active[seq.id] = seq
@@ -190,9 +192,8 @@ class VLLMWorker(EngineThread):
                 seq.finish(seq.text, completion.finish_reason or "length")
 
     def _forget(self, seq: Sequence) -> None:
-        """Out of the engine's map and the live map, just before the sequence is resolved."""
+        """Out of the engine's running set, just before the sequence is resolved."""
         self._active.pop(seq.id, None)
-        self.workload.release(seq)
 
     def _shutdown(self) -> None:
         if self._active:

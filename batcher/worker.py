@@ -43,13 +43,16 @@ class ModelWorker(EngineThread):
         # Held around each round; see VLLMWorker: its compiler patches torch process-wide.
         self.model_lock = model_lock or threading.Lock()
         self.metrics.queue_depth.set_function(self.workload.qsize)
-        self.metrics.inflight.set_function(lambda: len(self.workload.live()))
+        self.metrics.inflight.set_function(self.inflight)
         self.runner: Runner | None = None
         self.rounds = 0
         self._running: list[Sequence] = []
 
     def health(self) -> dict:
-        return {**super().health(), "rounds": self.rounds, "inflight": len(self.workload.live())}
+        return {**super().health(), "rounds": self.rounds, "inflight": self.inflight()}
+
+    def running(self) -> int:
+        return len(self._running)
 
     # --- the model thread ----------------------------------------------------------------
     def _load(self) -> None:
@@ -88,9 +91,8 @@ class ModelWorker(EngineThread):
         elapsed = time.perf_counter() - started
         # logged before anyone is woken, so a client that got its answer finds the line written
         log.info("round %d: Batch input shape: %s sequences=%s %.3fs", round_no, shape, [s.id for s in batch], elapsed)
-        self._running = []
+        self._running = []  # before waking any request: nothing in flight is left over
         for seq in batch:  # hand each result back by sequence id
-            self.workload.release(seq)  # before waking its request: nothing in flight is left over
             if error is not None:
                 seq.fail(RoundFailed(f"round {round_no} failed: {type(error).__name__}: {error}"))
                 continue

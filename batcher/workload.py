@@ -18,8 +18,7 @@ class Workload:
     wakes on a request of six takes four, not whichever of the six were put by then. What a
     round leaves of a request waits in `_carry` (the consumer's alone) for the next round, so
     rounds still ignore request boundaries. The bound counts sequences, all or nothing per
-    request. The map of live sequences (queued or running) by id is kept here too; the consumer
-    calls `release()` once it has resolved a sequence.
+    request. A sequence marked `solo` runs in a round of its own: it never shares one.
     """
 
     def __init__(self, maxsize: int):
@@ -28,27 +27,16 @@ class Workload:
         self._carry: collections.deque[Sequence] = collections.deque()
         self._lock = threading.Lock()
         self._queued = 0  # sequences in _queue and _carry
-        self._live: dict[str, Sequence] = {}
 
     def qsize(self) -> int:
         """Queued sequences (cancelled ones not yet drained included)."""
         return self._queued
-
-    def live(self) -> dict[str, Sequence]:
-        """Sequences queued or running, by id (a copy)."""
-        with self._lock:
-            return dict(self._live)
-
-    def release(self, seq: Sequence) -> None:
-        with self._lock:
-            self._live.pop(seq.id, None)
 
     def put_all(self, seqs: list[Sequence]) -> None:
         with self._lock:
             if self._queued + len(seqs) > self.maxsize:
                 raise QueueFull(f"queue holds {self._queued} of {self.maxsize} sequences; {len(seqs)} more do not fit")
             self._queued += len(seqs)
-            self._live.update((seq.id, seq) for seq in seqs)
             self._queue.put_nowait(list(seqs))
 
     def wake(self) -> None:
@@ -63,10 +51,11 @@ class Workload:
     def next_batch(self, size: int, wait_s: float = 0.0, idle_timeout: float | None = None) -> list[Sequence]:
         """Block until one live sequence waits, then take what is waiting now, oldest first, up to
         `size`; with `wait_s` > 0, wait up to that long for a fuller batch. Cancelled sequences
-        are dropped on the way. Returns [] on `wake()` or after `idle_timeout` with nothing."""
+        are dropped on the way; a solo sequence ends the batch before it, or is the whole batch.
+        Returns [] on `wake()` or after `idle_timeout` with nothing."""
         batch: list[Sequence] = []
         deadline = None
-        while len(batch) < size:
+        while len(batch) < size and not (batch and batch[0].solo):
             if not self._carry:
                 try:
                     if not batch:
@@ -81,9 +70,10 @@ class Workload:
                     break
                 self._carry.extend(item)
                 continue
+            if batch and self._carry[0].solo and not self._carry[0].cancelled:
+                break  # it waits for the next round, which it will have to itself
             seq = self._take()
             if seq.cancelled:  # its request gave up while it waited: skip it
-                self.release(seq)
                 seq.finish("", "cancelled")
                 continue
             batch.append(seq)
@@ -92,7 +82,7 @@ class Workload:
         return batch
 
     def drain(self) -> list[Sequence]:
-        """Take everything left (shutdown); the caller resolves and releases them."""
+        """Take everything left (shutdown); the caller resolves them."""
         while True:
             try:
                 item = self._queue.get_nowait()

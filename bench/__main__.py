@@ -20,10 +20,14 @@ from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 
-from bench import measure, report, server
+from bench import measure, report
+from bench.server import Server
+from service.config import Config
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SWEEP_N = 64
+# the service waits as long as our requests do, so a slow shared machine makes slow numbers, not 504s
+SERVICE_ENV = {"REQUEST_TIMEOUT_S": str(measure.TIMEOUT_S)}
 
 
 def _ints(text: str) -> list[int]:
@@ -38,17 +42,13 @@ def _ints(text: str) -> list[int]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--url", help="benchmark a running service (no restart: no sweep, no memory reading)")
+    p.add_argument("--url", help="benchmark a running service (no restart: no sweep)")
     p.add_argument("--n", type=_ints, default=[1, 4, 16, 64], help="prompt counts N (default 1,4,16,64)")
     p.add_argument("--repeats", type=int, default=3, help="repeats per cell; median and min-max (default 3)")
     p.add_argument("--basic-max-n", type=int, default=16, help="/basic_generate cells above this N run once")
-    p.add_argument(
-        "--batch-size",
-        type=int,
-        default=int(os.environ.get("BATCH_SIZE", "4")),
-        help="BATCH_SIZE the service is started with (or runs with, for --url); default 4",
-    )
-    p.add_argument("--max-tokens", type=int, default=20, help="max_tokens per prompt, greedy (default 20)")
+    service = Config.from_env()  # the service's own settings, so the defaults cannot drift from them
+    p.add_argument("--batch-size", type=int, default=service.batch_size, help="BATCH_SIZE (default: the service's)")
+    p.add_argument("--max-tokens", type=int, default=service.max_new_tokens, help="max_tokens per prompt, greedy")
     p.add_argument("--sweep", type=_ints, default=[1, 2, 4, 8, 16, 64], help="BATCH_SIZE values for the sweep")
     p.add_argument("--no-sweep", action="store_true", help="skip the BATCH_SIZE sweep")
     p.add_argument("--no-vllm", action="store_true", help="start the service with VLLM_ENABLED=0 (fast)")
@@ -87,16 +87,12 @@ def measure_grid(url: str, paths: dict[str, str], args: argparse.Namespace) -> l
 
 
 def service_phase(args: argparse.Namespace, res: dict, log_path: Path) -> None:
-    if args.url:
-        srv = server.Server(args.url.rstrip("/"))
-    else:
-        env = {"BATCH_SIZE": str(args.batch_size), "VLLM_ENABLED": "0" if args.no_vllm else "1"}
-        srv = server.start(env, log_path)
+    env = {"BATCH_SIZE": str(args.batch_size), "VLLM_ENABLED": "0" if args.no_vllm else "1", **SERVICE_ENV}
+    srv = Server(url=args.url) if args.url else Server(log_path, env)
     try:
-        health = server.wait_ready(srv, args.ready_timeout)
+        health = srv.wait_ready(args.ready_timeout)
         vllm = health["engines"]["vllm"]
-        res["service"] = {"url": srv.url, "health": health}
-        res["vllm_ok"] = vllm["status"] == "ready"
+        res["service"], res["vllm_ok"] = {"url": srv.url, "health": health}, vllm["status"] == "ready"
         if res["vllm_ok"]:
             print(f"service ready at {srv.url}; vLLM loaded in {vllm['load_seconds']:.0f} s", flush=True)
         else:
@@ -105,10 +101,9 @@ def service_phase(args: argparse.Namespace, res: dict, log_path: Path) -> None:
         paths = {"static": "/generate"} | ({"vllm": "/generate_vllm"} if res["vllm_ok"] else {})
         warm_up(srv.url, paths, args)
         res["cells"] = measure_grid(srv.url, paths, args)
-        if srv.proc is not None:
-            res["memory"] = server.memory(srv)
+        res["memory"] = {"peak_gib": srv.health().get("peak_memory_gib")}  # the service's own reading
     finally:
-        server.stop(srv)
+        srv.stop()
 
 
 def baseline_phase(args: argparse.Namespace, res: dict, log_path: Path) -> None:
@@ -137,13 +132,13 @@ def sweep_phase(args: argparse.Namespace, res: dict, log_path: Path) -> None:
         return
     prompts = measure.make_prompts(SWEEP_N)
     for bs in args.sweep:
-        srv = server.start({"BATCH_SIZE": str(bs), "VLLM_ENABLED": "0"}, log_path)
+        srv = Server(log_path, {"BATCH_SIZE": str(bs), "VLLM_ENABLED": "0", **SERVICE_ENV})
         try:
-            server.wait_ready(srv, args.ready_timeout)
+            srv.wait_ready(args.ready_timeout)
             measure.one_request(srv.url, "/generate", prompts[: min(bs, 4)], args.max_tokens)  # warm-up
             run = measure.one_request(srv.url, "/generate", prompts, args.max_tokens)
         finally:
-            server.stop(srv)
+            srv.stop()
         row = report.sweep_row(bs, run.seconds, run.rounds, run.latencies_ms)
         print(f"  sweep BATCH_SIZE={bs:<3} {run.seconds:7.2f} s  {row['req_per_s']:.1f} req/s", flush=True)
         res["sweep"].append(row)

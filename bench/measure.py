@@ -1,7 +1,7 @@
 """Timed calls: HTTP against the service, and the in-process baselines run in a subprocess.
 
-`python -m bench.measure direct|offline SPEC.json OUT.json` is the subprocess side: it loads the
-model the way the service does (same checkpoint, same dtype) and times the bare library call.
+`python -m bench.measure direct|offline SPEC_JSON OUT.json` is the subprocess side: it loads the
+model the way the service does (the service's own `Config.from_env()`) and times the bare call.
 """
 
 from __future__ import annotations
@@ -21,30 +21,23 @@ from pathlib import Path
 
 import requests
 
+from service.config import Config
+
 ROOT = Path(__file__).resolve().parent.parent
 # Every prompt generates exactly max_tokens on every path (as vLLM's own benchmarks do), so that
 # a prompt the model happens to end early does not make one path look faster than another.
-SAME_WORK = {"ignore_eos": True}
-TIMEOUT_S = 600.0
-TOPICS = (
-    "the sea,mountains,coffee,bicycles,libraries,rain,the moon,bread,trains,music,gardens,winter,robots,"
-    "rivers,chess,bees"
-).split(",")
-TEMPLATES = [
-    "Write one sentence about {}.",
-    "Give a fun fact about {}.",
-    "Explain {} to a child.",
-    "List three words related to {}.",
-]
+SAME_WORK = {"ignore_eos": True, "details": True}
+TIMEOUT_S = 600
+TOPICS = "the sea|mountains|coffee|bicycles|libraries|rain|the moon|bread|trains|music|gardens|winter|robots|rivers"
+TOPICS = f"{TOPICS}|chess|bees".split("|")
+TEMPLATES = ("Write one sentence about {}.", "Give a fun fact about {}.", "Explain {} to a child.")
+TEMPLATES += ("List three words related to {}.",)
 
 
 def make_prompts(n: int) -> list[str]:
     """n distinct short prompts, the same on every call and for every path."""
-    out = []
-    for i in range(n):
-        prompt = TEMPLATES[(i // len(TOPICS)) % len(TEMPLATES)].format(TOPICS[i % len(TOPICS)])
-        out.append(prompt if i < len(TOPICS) * len(TEMPLATES) else f"{prompt} ({i})")
-    return out
+    out = [TEMPLATES[(i // len(TOPICS)) % len(TEMPLATES)].format(TOPICS[i % len(TOPICS)]) for i in range(n)]
+    return [p if i < len(TOPICS) * len(TEMPLATES) else f"{p} ({i})" for i, p in enumerate(out)]
 
 
 @dataclass
@@ -54,11 +47,11 @@ class Run:
     latencies_ms: list[float]  # per prompt: queue_ms + inference_ms
 
 
-def _post(url: str, path: str, body: dict) -> dict:
-    resp = requests.post(url + path, json=body, timeout=TIMEOUT_S)
+def _post(url: str, path: str, body: dict) -> list[dict]:
+    resp = requests.post(url + path, json={**body, **SAME_WORK}, timeout=TIMEOUT_S)
     if resp.status_code != 200:
         raise RuntimeError(f"POST {path} -> {resp.status_code}: {resp.text[:300]}")
-    return resp.json()
+    return resp.json()["details"]
 
 
 def _run(seconds: float, details: list[dict]) -> Run:
@@ -68,11 +61,10 @@ def _run(seconds: float, details: list[dict]) -> Run:
 def one_request(url: str, path: str, prompts: list[str], max_tokens: int) -> Run:
     """One request carrying every prompt."""
     started = time.perf_counter()
-    body = _post(url, path, {"prompts": prompts, "max_tokens": max_tokens, "details": True, **SAME_WORK})
-    seconds = time.perf_counter() - started
-    if len(body["generated_texts"]) != len(prompts):
-        raise RuntimeError(f"{path}: {len(body['generated_texts'])} completions for {len(prompts)} prompts")
-    return _run(seconds, body["details"])
+    details = _post(url, path, {"prompts": prompts, "max_tokens": max_tokens})
+    if len(details) != len(prompts):
+        raise RuntimeError(f"{path}: {len(details)} completions for {len(prompts)} prompts")
+    return _run(time.perf_counter() - started, details)
 
 
 def concurrent(url: str, path: str, prompts: list[str], max_tokens: int) -> Run:
@@ -81,8 +73,8 @@ def concurrent(url: str, path: str, prompts: list[str], max_tokens: int) -> Run:
 
     def call(prompt: str) -> tuple[float, list[dict]]:
         gate.wait()
-        body = _post(url, path, {"prompts": [prompt], "max_tokens": max_tokens, "details": True, **SAME_WORK})
-        return time.perf_counter(), body["details"]
+        details = _post(url, path, {"prompts": [prompt], "max_tokens": max_tokens})
+        return time.perf_counter(), details
 
     with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
         futures = [pool.submit(call, p) for p in prompts]
@@ -94,10 +86,8 @@ def concurrent(url: str, path: str, prompts: list[str], max_tokens: int) -> Run:
 
 def sequential_basic(url: str, prompts: list[str], max_tokens: int) -> Run:
     """/basic_generate, one prompt after the other: the no-batching baseline."""
-    started, details = time.perf_counter(), []
-    for prompt in prompts:
-        body = _post(url, "/basic_generate", {"prompt": prompt, "max_tokens": max_tokens, "details": True, **SAME_WORK})
-        details += body["details"]
+    started = time.perf_counter()
+    details = [d for p in prompts for d in _post(url, "/basic_generate", {"prompt": p, "max_tokens": max_tokens})]
     return _run(time.perf_counter() - started, details)
 
 
@@ -122,27 +112,15 @@ def percentile(values: list[float], pct: float) -> float:
 
 # --- baselines, run in a subprocess ---------------------------------------------------------------
 def run_baseline(kind: str, prompts: list[str], repeats: int, max_tokens: int, log_path: Path) -> dict:
-    """Start `python -m bench.measure KIND` in its own process; its output goes to `log_path`."""
-    # the model and dtype the service reads from the same environment
-    env = os.environ
-    spec = {
-        "prompts": prompts,
-        "repeats": repeats,
-        "max_tokens": max_tokens,
-        "model": env.get("MODEL", "smollm2"),
-        "cache_dir": env.get("CACHE_DIR", ".cache/models"),
-        "dtype": env.get("DTYPE", "auto"),
-    }
-    spec_path, out_path = log_path.with_suffix(f".{kind}.spec.json"), log_path.with_suffix(f".{kind}.out.json")
-    spec_path.write_text(json.dumps(spec))
-    env = {**env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    cmd = [sys.executable, "-m", "bench.measure", kind, str(spec_path), str(out_path)]
+    """`python -m bench.measure KIND` in its own process; its output goes to `log_path`."""
+    spec = json.dumps({"prompts": prompts, "repeats": repeats, "max_tokens": max_tokens})
+    out_path = log_path.with_suffix(f".{kind}.json")
     try:
         with open(log_path, "a") as log:
-            subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=900, check=True)
+            cmd = [sys.executable, "-m", "bench.measure", kind, spec, str(out_path)]
+            subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=900, check=True)
         result = json.loads(out_path.read_text())
     finally:
-        spec_path.unlink(missing_ok=True)
         out_path.unlink(missing_ok=True)
     return {**result, **summarize(result["runs"]), "n": len(prompts)}
 
@@ -157,7 +135,7 @@ def _timed(fn: Callable[[], object], repeats: int) -> list[float]:
     return runs
 
 
-def _direct(spec: dict) -> dict:
+def _direct(spec: dict, config: Config) -> dict:
     """Bare `model.generate()` (and the service's own `Runner.generate`) on the same prompts."""
     import torch
 
@@ -165,40 +143,42 @@ def _direct(spec: dict) -> dict:
     from batcher.runner import Runner, set_torch_threads
     from batcher.sequence import SamplingParams, Sequence
 
-    set_torch_threads(0)  # as the service's model thread does
-    runner = Runner(resolve_model(spec["model"], spec["cache_dir"]), dtype=spec["dtype"])
-    prompts, max_tokens = spec["prompts"], spec["max_tokens"]
+    set_torch_threads(config.torch_threads)  # as the service's model thread does
+    runner = Runner(resolve_model(config.model, config.cache_dir), dtype=config.dtype, device=config.device)
+    prompts, n = spec["prompts"], spec["max_tokens"]
 
     @torch.inference_mode()
     def bare() -> None:
-        pad = runner.tokenizer.pad_token_id
-        runner.model.generate(
-            **runner.encode(prompts),
-            max_new_tokens=max_tokens,
-            min_new_tokens=max_tokens,
-            do_sample=False,
-            pad_token_id=pad,
-        )
+        inputs, pad = runner.encode(prompts), runner.tokenizer.pad_token_id
+        runner.model.generate(**inputs, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=pad)
 
     def service_round() -> None:
-        seqs = [Sequence(p, SamplingParams(max_tokens=max_tokens, ignore_eos=True)) for p in prompts]
+        seqs = [Sequence(p, SamplingParams(max_tokens=n, ignore_eos=True)) for p in prompts]
         runner.generate(seqs, runner.encode(prompts))
 
     runner_runs, bare_runs = _timed(service_round, spec["repeats"]), _timed(bare, spec["repeats"])
     return {"dtype": str(runner.dtype), "runs": bare_runs, "runner_generate": summarize(runner_runs)}
 
 
-def _offline(spec: dict) -> dict:
-    """Offline `vllm.LLM.generate()`, built with the service's engine settings."""
+def _offline(spec: dict, config: Config) -> dict:
+    """Offline `vllm.LLM.generate()`, built with the service's own vLLM settings."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # as VLLMWorker does, before vllm is imported
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.vllm_kv_cache_gib))
     from vllm import LLM, SamplingParams
 
     from batcher.checkpoint import resolve_model
     from batcher.runner import pick_device, pick_dtype
 
-    dtype = str(pick_dtype(spec["dtype"], pick_device("auto"))).removeprefix("torch.")
+    dtype = str(pick_dtype(config.dtype, pick_device("auto"))).removeprefix("torch.")
     started = time.perf_counter()
-    path = resolve_model(spec["model"], spec["cache_dir"])
-    llm = LLM(model=path, dtype=dtype, max_model_len=2048, max_num_seqs=64, gpu_memory_utilization=0.5)
+    llm = LLM(
+        model=resolve_model(config.model, config.cache_dir),
+        dtype=dtype,
+        max_model_len=config.vllm_max_model_len,
+        max_num_seqs=config.vllm_max_num_seqs,
+        gpu_memory_utilization=config.vllm_gpu_memory_utilization,
+        enforce_eager=config.vllm_enforce_eager,
+    )
     load_seconds = time.perf_counter() - started
     params = SamplingParams(max_tokens=spec["max_tokens"], temperature=0, ignore_eos=True)
     runs = _timed(lambda: llm.generate(spec["prompts"], params, use_tqdm=False), spec["repeats"])
@@ -209,6 +189,6 @@ if __name__ == "__main__":
     import logging
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    kind, spec_file, out_file = sys.argv[1:4]
-    result = {"direct": _direct, "offline": _offline}[kind](json.loads(Path(spec_file).read_text()))
+    kind, spec, out_file = sys.argv[1:4]
+    result = {"direct": _direct, "offline": _offline}[kind](json.loads(spec), Config.from_env())
     Path(out_file).write_text(json.dumps(result))

@@ -34,11 +34,13 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     app.json.ensure_ascii = False  # completions are text: keep them readable in curl
     metrics = Metrics()
-    model_path = functools.cache(lambda: resolve_model(config.model, config.cache_dir))
+    # Once, before any engine thread starts: two threads resolving at once would each convert
+    # the default model on a first run. A no-op once `make setup` has converted it.
+    path = resolve_model(config.model, config.cache_dir)
     model_lock = threading.Lock()  # static rounds wait while vLLM compiles (see VLLMWorker)
 
     def load_runner() -> Runner:
-        return Runner(model_path(), dtype=config.dtype, device=config.device, max_input_tokens=config.max_input_tokens)
+        return Runner(path, dtype=config.dtype, device=config.device, max_input_tokens=config.max_input_tokens)
 
     static_engine = ModelWorker(
         load_runner,
@@ -50,7 +52,7 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
         metrics=metrics,
     )
     vllm_engine = VLLMWorker(
-        model_path,
+        path,
         dtype=config.dtype,
         max_num_seqs=config.vllm_max_num_seqs,
         max_model_len=config.vllm_max_model_len,
@@ -66,9 +68,9 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
     )
     app.extensions["engines"] = {"static": static_engine, "vllm": vllm_engine}
     app.extensions["metrics"] = metrics
-    app.extensions["model_path"] = model_path
+    app.extensions["model_path"] = path
     # for chat templates (the same rendering for both engines); loaded on first use
-    app.extensions["tokenizer"] = functools.cache(lambda: AutoTokenizer.from_pretrained(model_path()))
+    app.extensions["tokenizer"] = functools.cache(lambda: AutoTokenizer.from_pretrained(path))
     app.config["STARTED_AT"] = int(time.time())
 
     for blueprint in (static.bp, continuous.bp, ops.bp):

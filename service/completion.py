@@ -39,9 +39,10 @@ def _deadline_exceeded() -> DeadlineExceeded:
     return DeadlineExceeded(f"request took longer than {_timeout():g}s")
 
 
-def complete(eng: Engine, prompts: list[str], params: SamplingParams) -> list[Sequence]:
-    """Run every prompt on `eng` and wait for all of them, or fail the whole request."""
-    seqs = [Sequence(prompt, params) for prompt in prompts]
+def complete(eng: Engine, prompts: list[str], params: SamplingParams, *, solo: bool = False) -> list[Sequence]:
+    """Run every prompt on `eng` and wait for all of them, or fail the whole request.
+    `solo`: each prompt runs in a round of its own (static engine)."""
+    seqs = [Sequence(prompt, params, solo=solo) for prompt in prompts]
     if not seqs:
         return seqs
     eng.submit(seqs)

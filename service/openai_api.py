@@ -50,7 +50,7 @@ def models(engine: str):
         "object": "model",
         "created": current_app.config["STARTED_AT"],
         "owned_by": "batching-service",
-        "root": current_app.extensions["model_path"](),
+        "root": current_app.extensions["model_path"],
         # the longest sequence a request can make: prompts keep their last MAX_INPUT_TOKENS
         "max_model_len": config.max_input_tokens + config.max_new_tokens_limit,
     }

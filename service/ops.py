@@ -1,5 +1,7 @@
 """Operations: /health and /metrics."""
 
+import resource
+
 from flask import Blueprint, Response, current_app, jsonify
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -13,7 +15,9 @@ def health():
     engines = current_app.extensions["engines"]
     body = {name: eng.health() for name, eng in engines.items()}
     ready = body["static"]["status"] == "ready"
-    return jsonify({"status": "ok" if ready else "unavailable", "engines": body}), 200 if ready else 503
+    peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux: VmHWM
+    reply = {"status": "ok" if ready else "unavailable", "engines": body, "peak_memory_gib": round(peak_gib, 3)}
+    return jsonify(reply), 200 if ready else 503
 
 
 @bp.get("/metrics")

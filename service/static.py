@@ -15,9 +15,11 @@ def generate():
 
 @bp.post("/basic_generate")
 def basic_generate():
-    """One prompt, run as a batch of one through the same model thread: the unbatched baseline."""
+    """One prompt, run as a round of its own on the same model thread: the unbatched baseline.
+    It waits its turn like any prompt, but never shares its round, whatever else is waiting."""
     req = schema.from_request(single=True)
-    return completion.reply(completion.complete(completion.engine("static"), req.prompts, req.params), req, single=True)
+    seqs = completion.complete(completion.engine("static"), req.prompts, req.params, solo=True)
+    return completion.reply(seqs, req, single=True)
 
 
 @bp.post("/generate_stream")

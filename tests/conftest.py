@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Callable
 
@@ -36,12 +37,14 @@ def runner_fp32(model_path) -> Runner:
 
 @pytest.fixture(scope="session")
 def app():
-    """The app as deployed: both engines, in one process. vLLM loads in the background; tests
-    that need it use the `vllm_app` fixture, which waits for it."""
+    """The app as deployed: both engines, in one process; `vllm_app` also asserts that vLLM is ready."""
     # float32 on both engines, so that parity between them is a matter of code, not of rounding
     config = Config.from_env(vllm_enabled=True, dtype="float32", max_prompts_per_request=16, max_body_bytes=64 * 1024)
     app = create_app(config)
     assert app.extensions["engines"]["static"].wait_ready(120), app.extensions["engines"]["static"].health()
+    # Static rounds wait while vLLM compiles (the model lock): wait for it here, once, rather than
+    # inside the first test's request deadline, which a slow compile on a busy machine outlasts.
+    app.extensions["engines"]["vllm"].wait_ready(600)
     yield app
     shutdown(app)
 
@@ -73,3 +76,21 @@ def short_timeout(app):
 
     yield set_timeout
     app.config["SERVICE"] = original
+
+
+@pytest.fixture
+def held_rounds(app):
+    """The static engine's model lock, held by the test: a round that was taken waits on it, and
+    what arrives meanwhile queues up, until the test lets go (the lock vLLM holds while it compiles,
+    so this may first wait for that)."""
+    engine = app.extensions["engines"]["static"]
+    assert engine.model_lock.acquire(timeout=600)
+    released = threading.Event()
+
+    def release():
+        if not released.is_set():
+            released.set()
+            engine.model_lock.release()
+
+    yield release
+    release()

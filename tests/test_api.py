@@ -1,6 +1,7 @@
 """The HTTP API through Flask's test client, on the real app and model: replies and every error."""
 
 import json
+import threading
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -36,7 +37,11 @@ def test_generate_keeps_prompt_order_and_splits_six_prompts_into_4_and_2(client)
     assert details[0]["batch_shape"][0] == 4 and details[4]["batch_shape"][0] == 2
     assert all(d["tokens"] <= 3 and d["finish_reason"] in ("length", "stop") for d in details)
     assert details[4]["queue_ms"] >= details[0]["queue_ms"]  # the last two waited for a round
-    assert float(r.headers["x-queue-time"]) >= 0 and float(r.headers["x-inference-time"]) > 0
+    # the headers are the longest wait and the longest run among the prompts, in seconds
+    assert float(r.headers["x-queue-time"]) == pytest.approx(max(d["queue_ms"] for d in details) / 1000, abs=1e-3)
+    assert float(r.headers["x-inference-time"]) == pytest.approx(
+        max(d["inference_ms"] for d in details) / 1000, abs=1e-3
+    )
 
 
 def test_basic_generate_runs_one_prompt_as_a_batch_of_one(client):
@@ -44,6 +49,37 @@ def test_basic_generate_runs_one_prompt_as_a_batch_of_one(client):
     assert r.status_code == 200
     assert r.json["generated_text"].startswith(" Paris")
     assert r.json["details"][0]["batch_size"] == 1
+
+
+def test_basic_generate_never_shares_a_round_under_concurrent_generate_load(app, held_rounds):
+    engine, replies, threads = app.extensions["engines"]["static"], {}, []
+
+    def send(name, path, body):
+        def ask():
+            replies[name] = post(app.test_client(), path, {**body, "max_tokens": 3, "details": True})
+
+        threads.append(threading.Thread(target=ask))
+        threads[-1].start()
+
+    send("first", "/generate", {"prompts": ["Hold on"]})  # taken into a round that waits for the lock
+    wait_until(lambda: engine.running() == 1 and engine.workload.qsize() == 0, what="the held round")
+    send("before", "/generate", {"prompts": ["One", "Two", "Three", "Four"]})
+    wait_until(lambda: engine.workload.qsize() == 4, what="four queued prompts")
+    send("basic", "/basic_generate", {"prompt": "The capital of France is"})
+    wait_until(lambda: engine.workload.qsize() == 5, what="the basic prompt queued behind them")
+    send("after", "/generate", {"prompts": ["Five", "Six", "Seven", "Eight"]})
+    wait_until(lambda: engine.workload.qsize() == 9, what="four more queued behind it")
+    held_rounds()
+    for t in threads:
+        t.join(120)
+    assert all(r.status_code == 200 for r in replies.values())
+    before, after = replies["before"].json["details"], replies["after"].json["details"]
+    [basic] = replies["basic"].json["details"]
+    assert [d["batch_size"] for d in before + after] == [4] * 8  # the other rounds are full
+    assert len({d["round"] for d in before}) == 1 and len({d["round"] for d in after}) == 1
+    assert (basic["batch_size"], basic["batch_shape"][0]) == (1, 1)
+    assert before[0]["round"] < basic["round"] < after[0]["round"]
+    assert replies["basic"].json["generated_text"].startswith(" Paris")
 
 
 def test_greedy_by_default_so_the_same_prompt_gives_the_same_text(client):
@@ -84,8 +120,8 @@ def test_bad_input_gets_a_json_error_and_changes_nothing(app, client, path, body
     r = post(client, path, body)
     assert r.status_code == status, r.json
     assert r.json["type"] == kind and r.json["error"]
-    assert app.extensions["engines"]["static"].workload.live() == {}
-    assert app.extensions["engines"]["vllm"].workload.live() == {}
+    assert app.extensions["engines"]["static"].inflight() == 0
+    assert app.extensions["engines"]["vllm"].inflight() == 0
 
 
 @pytest.mark.parametrize(
@@ -97,13 +133,13 @@ def test_single_prompt_endpoints_validate_too(client, path, body):
     assert r.status_code == 422 and r.json["type"] == "invalid_request"
 
 
-def test_a_deadline_passed_answers_504_and_leaves_nothing_behind(app, client, short_timeout):
-    short_timeout(0.05)
+def test_a_deadline_passed_answers_504_and_leaves_nothing_behind(app, client, short_timeout, held_rounds):
+    short_timeout(0.5)  # the round cannot run before the test releases it: the deadline passes
     r = post(client, "/generate", {"prompts": ["Tell me a long story about"] * 6, "max_tokens": 200})
     assert r.status_code == 504 and r.json["type"] == "deadline_exceeded"
     engine = app.extensions["engines"]["static"]
-    wait_until(lambda: engine.workload.live() == {}, 60, "the timed-out sequences to be dropped")
-    assert engine.workload.qsize() == 0
+    held_rounds()  # the round runs its cancelled sequences for one step; the queued ones are skipped
+    wait_until(lambda: engine.inflight() == 0, 60, "the timed-out sequences to be dropped")
     short_timeout(120)
     assert post(client, "/generate", PARIS).status_code == 200  # the model thread lives on
 
@@ -114,6 +150,7 @@ def test_health_reports_each_engine(client):
     engines = r.json["engines"]
     assert engines["static"]["status"] == "ready"
     assert engines["vllm"]["status"] in ("loading", "ready")
+    assert r.json["peak_memory_gib"] > 0.25  # this process's own peak: at least the model's weights
 
 
 def test_metrics_are_prometheus_text_that_counts_rounds_and_tokens(client):
@@ -148,7 +185,7 @@ def test_a_full_queue_answers_429_with_retry_after_and_enqueues_nothing(tiny_que
     r = post(tiny_queue_app.test_client(), "/generate", {"prompts": ["a", "b", "c", "d"]})
     assert r.status_code == 429 and r.json["type"] == "queue_full"
     assert int(r.headers["Retry-After"]) >= 1
-    assert engine.workload.qsize() == 0 and engine.workload.live() == {}
+    assert engine.inflight() == 0
     ok = post(tiny_queue_app.test_client(), "/generate", {"prompts": ["a", "b", "c"], "max_tokens": 2})
     assert ok.status_code == 200
 

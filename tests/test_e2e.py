@@ -3,84 +3,24 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
-import socket
 import subprocess
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 import requests
 
+from bench.server import Server, free_port  # noqa: F401 (the shared launcher; other test files import it from here)
 from tests.conftest import wait_until
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, log_path: Path, **settings: str):
-        """`settings`: environment variables for the service (API_KEY="...", VLLM_ENABLED="0", ...)."""
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        env = {**os.environ, "HOST": "127.0.0.1", "PORT": str(self.port), "THREADS": "32", **settings}
-        gunicorn = Path(sys.executable).with_name("gunicorn")
-        self.log = open(log_path, "wb")
-        self.proc = subprocess.Popen(
-            [str(gunicorn), "-c", "gunicorn.conf.py", "wsgi:app"],
-            cwd=ROOT,
-            env=env,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
-
-    def health(self) -> dict:
-        try:
-            return requests.get(f"{self.url}/health", timeout=5).json()
-        except (requests.ConnectionError, requests.Timeout, ValueError):
-            return {}
-
-    def engine(self, name: str) -> dict:
-        return self.health().get("engines", {}).get(name, {})
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.log.close()
-        return self.proc.returncode
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = Server(tmp_path_factory.mktemp("gunicorn") / "server.log")
+    srv = Server(tmp_path_factory.mktemp("gunicorn") / "server.log", {"THREADS": "32"})
     try:
-        wait_until(
-            lambda: srv.engine("static").get("status") == "ready" or srv.proc.poll() is not None,
-            180,
-            "gunicorn to serve",
-        )
-        wait_until(
-            lambda: srv.engine("vllm").get("status") in ("ready", "failed") or srv.proc.poll() is not None,
-            600,
-            "the vLLM engine",
-        )
+        srv.wait_ready(600)
         assert srv.proc.poll() is None, srv.log_text()[-3000:]
         yield srv
     finally:

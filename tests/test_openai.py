@@ -16,8 +16,8 @@ import requests
 from transformers import AutoTokenizer
 
 from bench import serve_client
+from bench.server import Server
 from tests.conftest import wait_until
-from tests.test_e2e import Server
 
 KEY = "test-key"
 MODEL = "SmolLM2-135M-Instruct"
@@ -27,13 +27,9 @@ BASES = pytest.mark.parametrize("base", list(DEMO_ROUTE))
 
 
 def started(srv: Server, *engines: str) -> Server:
+    health = srv.wait_ready(600)
     for name in engines:
-        wait_until(
-            lambda name=name: srv.engine(name).get("status") in ("ready", "failed") or srv.proc.poll() is not None,
-            600,
-            f"the {name} engine",
-        )
-        assert srv.engine(name).get("status") == "ready", srv.log_text()[-3000:]
+        assert health["engines"][name]["status"] == "ready", srv.log_text()[-3000:]
     return srv
 
 
@@ -231,7 +227,10 @@ def tiny_server(tmp_path_factory):
     """Static engine only, a queue of four: easy to fill."""
     log = tmp_path_factory.mktemp("tiny") / "server.log"
     # one torch thread: under a busy machine, OpenMP barriers between two threads cost whole timeslices
-    srv = Server(log, VLLM_ENABLED="0", MAX_QUEUE="4", BATCH_SIZE="4", REQUEST_TIMEOUT_S="900", TORCH_THREADS="1")
+    srv = Server(
+        log,
+        {"VLLM_ENABLED": "0", "MAX_QUEUE": "4", "BATCH_SIZE": "4", "REQUEST_TIMEOUT_S": "900", "TORCH_THREADS": "1"},
+    )
     try:
         yield started(srv, "static")
     finally:

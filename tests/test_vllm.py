@@ -1,6 +1,5 @@
 """The continuous-batching path with the real in-process vLLM engine and the default model."""
 
-import json
 import threading
 
 from tests.conftest import wait_until
@@ -64,12 +63,25 @@ def test_sixteen_concurrent_requests_each_get_their_own_text(vllm_app):
     assert len({r["text"] for r in replies.values()}) > 1
 
 
-def test_a_timed_out_request_is_aborted_in_the_engine(vllm_app, vllm_client, short_timeout):
-    engine = vllm_app.extensions["engines"]["vllm"]
-    short_timeout(0.05)
-    r = post(vllm_client, "/generate_vllm", {"prompts": ["Tell me a long story about"] * 4, "max_tokens": 400})
-    assert r.status_code == 504 and r.json["type"] == "deadline_exceeded"
-    wait_until(lambda: engine.unfinished() == 0 and engine.workload.live() == {}, 60, "the engine to abort")
+def test_a_timed_out_request_is_aborted_in_the_engine(vllm_app, vllm_client, short_timeout, monkeypatch):
+    engine, gate = vllm_app.extensions["engines"]["vllm"], threading.Event()
+    real_step = engine.engine.step
+
+    def held_step():  # the real step, once the test lets it go
+        assert gate.wait(60)
+        return real_step()
+
+    monkeypatch.setattr(engine.engine, "step", held_step)
+    short_timeout(2.0)  # no step can run before the deadline
+    replies = []
+    body = {"prompts": ["Tell me a long story about"] * 4, "max_tokens": 400}
+    request = threading.Thread(target=lambda: replies.append(post(vllm_app.test_client(), "/generate_vllm", body)))
+    request.start()
+    wait_until(lambda: engine.unfinished() == 4, 60, "the four prompts to be in the engine")
+    request.join(60)
+    assert replies[0].status_code == 504 and replies[0].json["type"] == "deadline_exceeded"
+    gate.set()
+    wait_until(lambda: engine.unfinished() == 0 and engine.inflight() == 0, 60, "the engine to abort")
     short_timeout(120)
     assert post(vllm_client, "/generate_vllm", {"prompts": ["Hi"], "max_tokens": 2}).status_code == 200
 
@@ -85,8 +97,8 @@ def test_vllm_metrics_count_steps_and_tokens(vllm_client):
 def test_health_shows_the_vllm_engine_ready(vllm_client):
     body = vllm_client.get("/health").json
     assert body["engines"]["vllm"]["status"] == "ready"
-    assert body["engines"]["vllm"]["load_seconds"] > 0
-    json.dumps(body)
+    assert body["engines"]["vllm"]["load_seconds"] > 0 and body["engines"]["vllm"]["error"] is None
+    assert body["status"] == "ok"  # the whole service is ready, not only this engine
 
 
 def test_ignore_eos_generates_exactly_max_tokens_on_both_paths(vllm_client):

@@ -47,8 +47,9 @@ def worker(runner):
     worker.stop()
 
 
-def submit(worker, *prompts, max_tokens=5):
-    seqs = [Sequence(p, SamplingParams(max_tokens=max_tokens)) for p in prompts]
+def submit(worker, *prompts, max_tokens=5, solo=False, ignore_eos=False):
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos)
+    seqs = [Sequence(p, params, solo=solo) for p in prompts]
     worker.submit(seqs)
     return seqs
 
@@ -70,6 +71,20 @@ def test_requests_arriving_together_share_rounds_across_request_boundaries(worke
     assert (a.batch_size, e.batch_size) == (4, 1)
 
 
+def test_a_solo_prompt_runs_alone_between_full_rounds(worker, runner):
+    [blocker] = submit(worker, GATE)
+    assert runner.entered.wait(30)  # everything below queues behind the running round
+    before = submit(worker, "Apples are", "Bananas are", "Cherries are", "Dates are")
+    [solo] = submit(worker, "The capital of France is", solo=True)
+    after = submit(worker, "Figs are", "Grapes are", "Kiwis are", "Lemons are")
+    runner.gate.set()
+    wait([blocker, *before, solo, *after])
+    assert {s.round for s in before} == {blocker.round + 1} and before[0].batch_size == 4
+    assert (solo.round, solo.batch_size, solo.batch_shape[0]) == (blocker.round + 2, 1, 1)
+    assert {s.round for s in after} == {blocker.round + 3} and after[0].batch_size == 4
+    assert solo.text.startswith(" Paris")
+
+
 def test_each_result_goes_back_to_its_own_sequence(worker, runner_fp32):
     prompts = ["The capital of France is", "Water boils at", "Hi", "One plus one is", "The sky is"]
     seqs = submit(worker, *prompts)
@@ -78,7 +93,7 @@ def test_each_result_goes_back_to_its_own_sequence(worker, runner_fp32):
         alone = Sequence(seq.prompt, SamplingParams(max_tokens=5))
         [(text, _)] = runner_fp32.generate([alone], runner_fp32.encode([alone.prompt])).values()
         assert seq.text == text, seq.prompt
-    assert worker.workload.live() == {}
+    assert worker.inflight() == 0
 
 
 def test_one_log_line_per_round_in_the_write_ups_form(worker, caplog):
@@ -103,11 +118,11 @@ def test_a_failing_round_fails_only_its_own_sequences(worker, runner):
     survivors = [s for s in later if s.round != bad_round]
     assert survivors and all(s.status == Status.FINISHED and s.text for s in survivors)
     assert worker.status == "ready"
-    assert worker.workload.live() == {}
+    assert worker.inflight() == 0
 
 
 def test_shutdown_fails_waiting_sequences_and_abandons_the_running_round(worker, runner):
-    [running] = submit(worker, GATE, max_tokens=200)
+    [running] = submit(worker, GATE, max_tokens=200, ignore_eos=True)  # only abandoning ends it early
     assert runner.entered.wait(30)
     waiting = submit(worker, "never", "runs")
     stopper = threading.Thread(target=worker.stop)
@@ -118,7 +133,7 @@ def test_shutdown_fails_waiting_sequences_and_abandons_the_running_round(worker,
     wait([running, *waiting])
     assert all(isinstance(s.error, ShuttingDown) for s in [running, *waiting])
     assert len(running.token_ids) < 200  # abandoned at the next step, not run to the end
-    assert worker.workload.live() == {}
+    assert worker.inflight() == 0
     with pytest.raises(ShuttingDown):
         submit(worker, "too late")
 

@@ -1,5 +1,6 @@
 """The queue alone: what is waiting now, FIFO, rounds of at most N, the bound, cancellation."""
 
+import queue
 import threading
 
 import pytest
@@ -12,6 +13,28 @@ from tests.conftest import wait_until
 
 def seqs(*prompts):
     return [Sequence(p) for p in prompts]
+
+
+class WatchedQueue(queue.Queue):
+    """A queue that says when a consumer found it empty. `get()` checks the size under the
+    queue's lock and waits on a condition that releases that lock atomically, so a `put()` made
+    after `consumer_waits` is set can only run once the consumer is waiting: the race is forced."""
+
+    def __init__(self):
+        super().__init__()
+        self.consumer_waits = threading.Event()
+
+    def _qsize(self):
+        size = super()._qsize()
+        if size == 0:
+            self.consumer_waits.set()
+        return size
+
+
+def watched(maxsize):
+    w = Workload(maxsize)
+    w._queue = WatchedQueue()
+    return w
 
 
 def test_takes_what_is_waiting_now_without_waiting_for_a_full_batch():
@@ -44,9 +67,9 @@ def test_a_request_that_does_not_fit_is_refused_whole():
     with pytest.raises(QueueFull):
         w.put_all(seqs("c", "d"))
     assert w.qsize() == 2
-    assert len(w.live()) == 2  # nothing of the refused request was registered either
     w.put_all(seqs("e"))
     assert w.qsize() == 3
+    assert [s.prompt for s in w.drain()] == ["a", "b", "e"]  # nothing of the refused request
 
 
 def test_cancelled_sequences_are_skipped_and_forgotten():
@@ -56,17 +79,15 @@ def test_cancelled_sequences_are_skipped_and_forgotten():
     b.cancel()
     assert w.next_batch(4) == [a, c]
     assert b.done.is_set() and b.status == Status.CANCELLED
-    assert set(w.live()) == {a.id, c.id}
-    w.release(a)
-    w.release(c)
-    assert w.live() == {}
+    assert w.qsize() == 0 and w.drain() == []
 
 
 def test_blocks_when_idle_and_wakes_on_a_put():
-    w = Workload(8)
+    w = watched(8)
     got = []
     consumer = threading.Thread(target=lambda: got.append(w.next_batch(4)))
     consumer.start()
+    assert w._queue.consumer_waits.wait(10)
     a = Sequence("a")
     w.put_all([a])
     consumer.join(10)
@@ -104,10 +125,11 @@ def test_without_batch_wait_a_round_does_not_wait_for_latecomers():
 
 
 def test_a_consumer_woken_by_a_request_sees_all_of_its_prompts():
-    w = Workload(16)
+    w = watched(16)
     got = []
     consumer = threading.Thread(target=lambda: got.append(w.next_batch(4)))
     consumer.start()
+    assert w._queue.consumer_waits.wait(10)
     six = seqs(*"abcdef")
     w.put_all(six)  # the consumer was already waiting: it must still get a full round
     consumer.join(10)
@@ -124,3 +146,28 @@ def test_drain_returns_everything_still_queued():
     assert w.next_batch(2) == six[:2]
     assert w.drain() == six[2:]
     assert w.qsize() == 0
+
+
+def test_a_solo_sequence_never_shares_its_round():
+    w = Workload(16)
+    a, b, c, d = seqs(*"abcd")
+    solo = Sequence("alone", solo=True)
+    e, f = seqs("e", "f")
+    w.put_all([a, b])
+    w.put_all([solo])
+    w.put_all([c, d, e, f])
+    assert w.next_batch(4) == [a, b]  # the round ends before it
+    assert w.next_batch(4, wait_s=30.0) == [solo]  # alone, without waiting for a fuller round
+    assert w.next_batch(4) == [c, d, e, f]
+
+
+def test_a_cancelled_solo_sequence_does_not_cut_a_round_short():
+    w = Workload(16)
+    a, b = seqs("a", "b")
+    solo = Sequence("alone", solo=True)
+    w.put_all([a])
+    w.put_all([solo])
+    w.put_all([b])
+    solo.cancel()
+    assert w.next_batch(4) == [a, b]
+    assert solo.status == Status.CANCELLED
