@@ -72,6 +72,9 @@ class VLLMWorker(EngineThread):
         """Requests the engine itself still holds (0 once everything was answered or aborted)."""
         return self.engine.get_num_unfinished_requests() if self.engine is not None else 0
 
+    def held(self) -> int:
+        return super().held() + len(self._active)
+
     def health(self) -> dict:
         return {**super().health(), "steps": self.steps, "running": len(self._active)}
 
@@ -111,6 +114,7 @@ class VLLMWorker(EngineThread):
             self._abort_cancelled()
             if self._active:
                 self._step()
+            self._note_if_drained(running=len(self._active))
         self._shutdown()
 
     def _admit(self) -> None:
@@ -193,6 +197,7 @@ class VLLMWorker(EngineThread):
         self.workload.release(seq)
 
     def _shutdown(self) -> None:
+        self.abandoned += len(self._active)
         if self._active:
             with contextlib.suppress(Exception):
                 self.engine.abort_request(list(self._active))

@@ -60,7 +60,11 @@ class ModelWorker(EngineThread):
             batch = self.workload.next_batch(self.batch_size, self.batch_wait_s)
             if batch:
                 self._run_round(batch)
+            self._note_if_drained(running=0)
         self._fail_waiting("the static engine shut down before this prompt ran")
+
+    def held(self) -> int:
+        return super().held() + len(self._running)
 
     def _abandon(self) -> None:
         for seq in list(self._running):  # the running round stops at its next step
@@ -96,6 +100,7 @@ class ModelWorker(EngineThread):
                 continue
             text, reason = results[seq.id]
             if reason == "cancelled" and self._stopping.is_set():
+                self.abandoned += 1
                 seq.fail(ShuttingDown("the static engine shut down while this prompt ran"))
             else:
                 seq.finish(text, reason)

@@ -72,7 +72,7 @@ def register(app: Flask) -> None:
         status, type_ = describe(exc)
         response = jsonify(error_body(str(exc), type_))
         response.status_code = status
-        if status == 429:
+        if type_ in ("queue_full", "shutting_down"):  # try again soon (a draining replica: elsewhere)
             response.headers["Retry-After"] = str(RETRY_AFTER_S)
         return response
 

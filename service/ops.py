@@ -8,12 +8,17 @@ bp = Blueprint("ops", __name__)
 
 @bp.get("/health")
 def health():
-    """200 once the static engine (the one every deployment has) is ready; 503 before.
+    """200 once the static engine (the one every deployment has) is ready; 503 before, and 503
+    "draining" from SIGTERM on, so that a balancer stops sending work at once.
     The vLLM engine's state is reported beside it and does not decide the code."""
     engines = current_app.extensions["engines"]
     body = {name: eng.health() for name, eng in engines.items()}
     ready = body["static"]["status"] == "ready"
-    return jsonify({"status": "ok" if ready else "unavailable", "engines": body}), 200 if ready else 503
+    if any(eng.draining for eng in engines.values()):
+        status = "draining"
+    else:
+        status = "ok" if ready else "unavailable"
+    return jsonify({"status": status, "engines": body}), 200 if status == "ok" else 503
 
 
 @bp.get("/metrics")

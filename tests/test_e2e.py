@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -169,21 +168,3 @@ def test_a_client_that_leaves_after_the_first_token_costs_nothing_more(server, p
 def test_metrics_endpoint(server):
     text = requests.get(f"{server.url}/metrics", timeout=10).text
     assert "batcher_rounds_total" in text and "vllm_engine_steps_total" in text
-
-
-def test_sigterm_answers_waiting_requests_with_503_and_exits_promptly(server):
-    replies = []
-    long_request = threading.Thread(
-        target=lambda: replies.append(
-            generate(server, "/generate", {"prompts": ["Tell me a story"] * 8, "max_tokens": 400})
-        )
-    )
-    long_request.start()
-    wait_until(lambda: server.engine("static").get("inflight", 0) > 0, 60, "the request to be in flight")
-    server.proc.send_signal(signal.SIGTERM)
-    long_request.join(60)
-    assert replies and replies[0].status_code == 503, replies and replies[0].text
-    assert replies[0].json()["type"] == "shutting_down"
-    server.proc.wait(60)
-    assert server.proc.returncode == 0
-    assert "static engine stopped" in server.log_text()
