@@ -55,6 +55,7 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
         gpu_memory_utilization=config.vllm_gpu_memory_utilization,
         max_inbox=config.vllm_max_inbox,
         enforce_eager=config.vllm_enforce_eager,
+        tensor_parallel_size=config.vllm_tensor_parallel_size,
         enabled=config.vllm_enabled,
         context=app.test_request_context,
         model_lock=model_lock,

@@ -93,7 +93,7 @@ class Cluster:
             "DTYPE": "float32",  # greedy completions the same in any batch: crossed answers show
             "TORCH_THREADS": "1",
             "THREADS": "32",
-            "GRACEFUL_TIMEOUT": "120",  # a drain on a loaded 2-core machine must not be cut short
+            "GRACEFUL_TIMEOUT": "300",  # a drain on a loaded 2-core machine (here: up to ~2 min) must not be cut short
             "REQUEST_TIMEOUT_S": "300",
         }
         self.log = open(run_dir / "make-cluster.log", "wb")
