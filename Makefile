@@ -55,9 +55,9 @@ cluster: setup
 	HOST=$(HOST) PORT=$(PORT) REPLICAS=$(REPLICAS) CLUSTER_DIR=$(CLUSTER_DIR) MODEL=$(MODEL) CACHE_DIR=$(CACHE_DIR) \
 	  ACCEL=$(ACCEL) REPLICA_PRELOAD=$(PRELOAD) exec $(PY) -m deploy.cluster run
 
-# Against a running `make cluster` (same PORT, REPLICAS): one replica at a time, each once the last is healthy.
+# Against a running `make cluster` (same PORT): one replica at a time, each once the last is healthy again.
 rolling-restart:
-	PORT=$(PORT) REPLICAS=$(REPLICAS) CLUSTER_DIR=$(CLUSTER_DIR) $(PY) -m deploy.cluster rolling-restart
+	PORT=$(PORT) CLUSTER_DIR=$(CLUSTER_DIR) $(PY) -m deploy.cluster rolling-restart
 
 test: setup
 	$(PY) -m pytest -q tests

@@ -2,8 +2,9 @@
 
 Nothing here balances or supervises. `run` renders deploy/*.j2 into a run folder and becomes
 supervisord (foreground), which runs nginx and the replicas; Ctrl-C or SIGTERM makes it stop them,
-each replica draining. `rolling-restart` asks supervisorctl to restart one replica at a time, and
-restarts the next only once the previous one answers /health 200 again.
+each replica draining. `rolling-restart` restarts one replica at a time with supervisorctl, taking
+it out of nginx's upstream (`down`, reload) while it drains and loads, and puts it back and goes on
+to the next only once it answers /health 200 again.
 
 Settings come from the environment, as for `make serve`: PORT (nginx; replicas on PORT+1..PORT+
 REPLICAS), REPLICAS, HOST, CLUSTER_DIR (the run folder), and every service knob, which the
@@ -15,6 +16,8 @@ replicas inherit. ACCEL=gpu gives replica i the GPU i-1 (CUDA_VISIBLE_DEVICES).
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import shutil
 import subprocess
@@ -31,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
 MAX_FAILS = 3
 FAIL_TIMEOUT_S = 5
+SETTINGS_FILE = "cluster.json"  # what `run` rendered with, for `rolling-restart` to render the same
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,15 @@ class Settings:
             preload=os.environ.get("REPLICA_PRELOAD", ""),
         )
 
+    def save(self) -> None:
+        values = {**dataclasses.asdict(self), "run_dir": str(self.run_dir)}
+        (self.run_dir / SETTINGS_FILE).write_text(json.dumps(values, indent=1) + "\n")
+
+    @classmethod
+    def load(cls, run_dir: Path) -> Settings:
+        values = json.loads((run_dir / SETTINGS_FILE).read_text())
+        return cls(**{**values, "run_dir": Path(values["run_dir"])})
+
     @property
     def replica_ports(self) -> list[int]:
         return [self.port + i for i in range(1, self.replicas + 1)]
@@ -91,8 +104,9 @@ def _tool(name: str) -> str:
     return found
 
 
-def render(s: Settings) -> Path:
-    """Write nginx.conf and supervisord.conf into the run folder; returns supervisord.conf."""
+def render(s: Settings, down: int | None = None) -> Path:
+    """Write nginx.conf and supervisord.conf into the run folder; returns supervisord.conf.
+    Replica number `down` (1-based) is marked down in nginx's upstream."""
     for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
         (s.run_dir / "nginx-tmp" / sub).mkdir(parents=True, exist_ok=True)
     replicas = []
@@ -103,7 +117,15 @@ def render(s: Settings) -> Path:
         if s.accel == "gpu":  # one replica per GPU (untested here: this machine has none)
             env["CUDA_VISIBLE_DEVICES"] = str(i - 1)
         environment = ",".join(f"{k}={_supervisor_value(v)}" for k, v in env.items())
-        replicas.append({"name": f"replica{i}", "port": port, "address": s.replica_address, "environment": environment})
+        replicas.append(
+            {
+                "name": f"replica{i}",
+                "port": port,
+                "address": s.replica_address,
+                "environment": environment,
+                "down": i == down,
+            }
+        )
     values = {
         "root": ROOT,
         "run_dir": s.run_dir,
@@ -127,6 +149,7 @@ def render(s: Settings) -> Path:
 
 def run(s: Settings) -> None:
     conf = render(s)
+    s.save()
     print(f"cluster: nginx on {s.host}:{s.port}, replicas on {s.replica_ports}; logs in {s.run_dir}", flush=True)
     supervisord = _tool("supervisord")
     os.execv(supervisord, [supervisord, "-n", "-c", str(conf)])  # signals go straight to it
@@ -148,27 +171,36 @@ def wait_healthy(address: str, port: int, timeout_s: float) -> None:
         time.sleep(0.5)
 
 
-def rolling_restart(s: Settings, health_timeout_s: float) -> float:
-    """Restart the replicas one at a time; returns the seconds it took."""
-    if not s.supervisord_conf.exists():
-        raise SystemExit(f"no cluster at {s.run_dir} (start one with `make cluster PORT={s.port}`)")
+def rolling_restart(run_dir: Path, health_timeout_s: float) -> float:
+    """Restart the replicas one at a time; returns the seconds it took.
+
+    Each replica leaves nginx's upstream first (`down`, then a graceful reload: nginx finishes what
+    it sent there), so it gets no new requests while it drains and loads; requests already on
+    their way get its 503 and go to another replica. It comes back once its /health answers 200
+    (the reload also clears any failures nginx counted against it)."""
+    if not (run_dir / SETTINGS_FILE).exists():
+        raise SystemExit(f"no cluster at {run_dir} (start one with `make cluster`, same PORT)")
+    s = Settings.load(run_dir)
     supervisorctl = _tool("supervisorctl")
+
+    def ctl(*args: str) -> None:
+        subprocess.run([supervisorctl, "-c", str(s.supervisord_conf), *args], check=True, stdout=subprocess.DEVNULL)
+
     started = time.monotonic()
-    for port in s.replica_ports:  # never take one down while another is unhealthy
+    for port in s.replica_ports:  # never take one out while another is unhealthy
         wait_healthy(s.replica_address, port, health_timeout_s)
     for i, port in enumerate(s.replica_ports, 1):
-        if i > 1:
-            # nginx may have marked the last replica failed while it loaded (503 counts, see
-            # max_fails); it takes it back only after fail_timeout, and has no API to ask. Wait
-            # that long, so that the next drain never leaves nginx without a replica.
-            time.sleep(FAIL_TIMEOUT_S)
         t0 = time.monotonic()
-        subprocess.run([supervisorctl, "-c", str(s.supervisord_conf), "restart", f"replicas:replica{i}"], check=True)
-        stopped_and_started = time.monotonic() - t0
+        render(s, down=i)
+        ctl("signal", "HUP", "nginx")
+        ctl("restart", f"replicas:replica{i}")  # SIGTERM: it drains and exits 0; then it starts again
+        restarted = time.monotonic() - t0
         wait_healthy(s.replica_address, port, health_timeout_s)
+        render(s)
+        ctl("signal", "HUP", "nginx")
         print(
-            f"rolling-restart: replica{i} (:{port}) drained and restarted in {stopped_and_started:.1f}s, "
-            f"healthy after {time.monotonic() - t0:.1f}s",
+            f"rolling-restart: replica{i} (:{port}) drained and restarted in {restarted:.1f}s, "
+            f"healthy and back in nginx after {time.monotonic() - t0:.1f}s",
             flush=True,
         )
     elapsed = time.monotonic() - started
@@ -187,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "render":
         print(render(settings))
     else:
-        rolling_restart(settings, args.health_timeout)
+        rolling_restart(settings.run_dir, args.health_timeout)
 
 
 if __name__ == "__main__":

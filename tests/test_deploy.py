@@ -44,6 +44,17 @@ def test_nginx_accepts_the_rendered_config_as_an_unprivileged_foreground_process
     assert "proxy_next_upstream error timeout http_503 non_idempotent;" in text
     assert "proxy_read_timeout 230s;" in text  # above REQUEST_TIMEOUT_S
     assert "daemon off;" in text and f"pid {rendered.run_dir}/nginx.pid;" in text
+    assert " down;" not in text
+
+
+def test_a_restarting_replica_is_marked_down_and_the_settings_are_kept_for_the_restart(rendered):
+    rendered.save()
+    again = cluster.Settings.load(rendered.run_dir)
+    assert again == rendered
+    cluster.render(again, down=2)
+    text = (rendered.run_dir / "nginx.conf").read_text()
+    assert "server 127.0.0.1:9102 max_fails=3 fail_timeout=5s down;" in text
+    assert text.count(" down;") == 1
 
 
 def test_supervisord_runs_nginx_and_one_program_per_replica_in_one_group(rendered):
@@ -65,7 +76,7 @@ def test_supervisord_runs_nginx_and_one_program_per_replica_in_one_group(rendere
 def test_a_rolling_restart_without_a_cluster_says_so(tmp_path, monkeypatch):
     monkeypatch.setenv("CLUSTER_DIR", str(tmp_path / "none"))
     with pytest.raises(SystemExit, match="no cluster at"):
-        cluster.rolling_restart(cluster.Settings.from_env(), health_timeout_s=1)
+        cluster.rolling_restart(tmp_path / "none", health_timeout_s=1)
 
 
 @pytest.mark.parametrize("replicas", ["0", "-1"])
