@@ -1,4 +1,4 @@
-# make setup | make serve | make test | make bench
+# make setup | make serve | make test | make bench | make cluster | make rolling-restart
 # ACCEL picks the torch/vLLM build: gpu where nvidia-smi sees a GPU, else cpu. Override: make setup ACCEL=cpu
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -16,7 +16,10 @@ ifeq ($(ACCEL),cpu)
 PRELOAD ?= $(subst $(eval) ,:,$(abspath $(wildcard /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 $(VENV)/lib/libiomp5.so)))
 endif
 
-.PHONY: setup serve test bench lint model
+REPLICAS ?= 2
+CLUSTER_DIR ?= .cache/cluster/$(PORT)
+
+.PHONY: setup serve test bench lint model cluster rolling-restart
 
 setup: $(STAMP) model
 
@@ -33,6 +36,9 @@ ifeq ($(ACCEL),cpu)
 	-[ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	  (apt-get install -y -qq libtcmalloc-minimal4 || (apt-get update -qq && apt-get install -y -qq libtcmalloc-minimal4))
 endif
+	# nginx balances `make cluster`'s replicas; best effort, as for tcmalloc: needs root and apt-get.
+	-[ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! [ -x /usr/sbin/nginx ] && \
+	  (apt-get install -y -qq nginx || (apt-get update -qq && apt-get install -y -qq nginx))
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -43,6 +49,15 @@ model: $(STAMP)
 serve: setup
 	HOST=$(HOST) PORT=$(PORT) MODEL=$(MODEL) CACHE_DIR=$(CACHE_DIR) LD_PRELOAD=$(PRELOAD) \
 	  $(VENV)/bin/gunicorn -c gunicorn.conf.py wsgi:app
+
+# Replicas behind nginx under supervisord, in the foreground (deploy/cluster.py); Ctrl-C drains and stops.
+cluster: setup
+	HOST=$(HOST) PORT=$(PORT) REPLICAS=$(REPLICAS) CLUSTER_DIR=$(CLUSTER_DIR) MODEL=$(MODEL) CACHE_DIR=$(CACHE_DIR) \
+	  ACCEL=$(ACCEL) REPLICA_PRELOAD=$(PRELOAD) exec $(PY) -m deploy.cluster run
+
+# Against a running `make cluster` (same PORT): one replica at a time, each once the last is healthy again.
+rolling-restart:
+	PORT=$(PORT) CLUSTER_DIR=$(CLUSTER_DIR) $(PY) -m deploy.cluster rolling-restart
 
 test: setup
 	$(PY) -m pytest -q tests

@@ -18,6 +18,7 @@ threads = int(os.environ.get("THREADS", "128"))
 # The arbiter's heartbeat; gthread's main loop keeps beating while requests wait on the model.
 timeout = int(os.environ.get("GUNICORN_TIMEOUT", "300"))
 graceful_timeout = int(os.environ.get("GRACEFUL_TIMEOUT", "30"))
+DRAIN_MARGIN_S = 5  # of graceful_timeout, for the last responses to be written after the drain
 keepalive = 5
 # Threads do not survive fork, and CUDA must not start in the master: load the app in the worker.
 preload_app = False
@@ -42,21 +43,39 @@ logconfig_dict = {
 
 
 def post_worker_init(worker):
-    """On SIGTERM, first tell the engines (waiting requests answer 503 at once, the running round
-    is abandoned), then let gunicorn stop accepting and drain connections as usual."""
+    """Drain on SIGTERM. gthread's own SIGTERM handler stops accepting at once and gives open
+    connections `graceful_timeout`; but a request waiting for a model has not finished, and a
+    balancer needs /health to say "draining". So SIGTERM first only tells the engines (new work
+    503 `shutting_down`, /health 503 "draining"; the worker keeps accepting to say so), a thread
+    waits until what they hold has finished, and only then hands over to gunicorn's handler,
+    which lets the last responses and streams finish writing and exits. The engines get
+    `graceful_timeout` minus DRAIN_MARGIN_S of it: the master kills the worker at `graceful_timeout`."""
+    import threading
+
+    from service import begin_shutdown, shutdown
+
+    app = worker.wsgi
     gunicorn_handler = signal.getsignal(signal.SIGTERM)
+    sigterm = threading.Event()
+    budget = max(worker.cfg.graceful_timeout - DRAIN_MARGIN_S, worker.cfg.graceful_timeout / 2)
 
-    def on_sigterm(signum, frame):
-        from service import begin_shutdown
+    def drain_then_exit():
+        sigterm.wait()
+        try:
+            shutdown(app, timeout=budget)
+        finally:
+            gunicorn_handler(signal.SIGTERM, None)
 
-        begin_shutdown(worker.wsgi)
-        gunicorn_handler(signum, frame)
+    def on_sigterm(signum, frame):  # only sets events: the drain runs in its own thread
+        begin_shutdown(app)
+        sigterm.set()
 
+    threading.Thread(target=drain_then_exit, name="drain-on-sigterm", daemon=True).start()
     signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def worker_exit(server, worker):
-    """Join the engine threads before the worker process ends."""
+    """Join the engine threads before the worker process ends (after a drain, at once)."""
     app = getattr(worker, "wsgi", None)
     if app is not None:
         from service import shutdown

@@ -29,6 +29,10 @@ class EngineThread:
         self.load_seconds: float | None = None
         self._ready = threading.Event()
         self._stopping = threading.Event()
+        self._draining = threading.Event()  # SIGTERM: no new work; what is held goes on
+        self._drained = threading.Event()  # set by the engine thread: nothing queued or running
+        self.held_at_drain = 0  # sequences queued or running when the drain began
+        self.abandoned = 0  # sequences that stop() answered 503 instead of finishing
         self._thread = threading.Thread(target=self._main, name=f"{self.name}-engine-thread", daemon=True)
         if not enabled:
             self._ready.set()
@@ -45,7 +49,7 @@ class EngineThread:
 
     def check_available(self) -> None:
         """Raise what `submit()` would raise for any request: ShuttingDown or NotReady."""
-        if self._stopping.is_set():
+        if self._stopping.is_set() or self._draining.is_set():
             raise ShuttingDown(f"the {self.name} engine is shutting down")
         if self.status != "ready":
             reason = f": {self.error}" if self.error else ""
@@ -56,6 +60,22 @@ class EngineThread:
         self.check_available()
         self.workload.put_all(seqs)
         self.metrics.prompts.labels(self.name).inc(len(seqs))
+
+    @property
+    def draining(self) -> bool:
+        return self._draining.is_set()
+
+    def begin_drain(self) -> None:
+        """Refuse new work (ShuttingDown), let what is queued or running finish. Non-blocking and
+        safe in a signal handler: it only sets events and wakes the engine thread."""
+        if not self._draining.is_set():
+            self.held_at_drain = self.inflight()
+            self._draining.set()
+        self.workload.wake()  # an idle engine thread looks again and finds itself drained
+
+    def wait_drained(self, timeout: float | None) -> bool:
+        """True once nothing is queued or running (at once for an engine that is not ready)."""
+        return self.status != "ready" or self._drained.wait(timeout)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Take no more work, abandon what runs, fail what waits (503), join the thread.
@@ -100,8 +120,14 @@ class EngineThread:
             self._ready.set()
         self._serve()
 
+    def _note_if_drained(self, running: int) -> None:
+        """Engine thread, between rounds or steps: draining, and nothing waits or runs."""
+        if self._draining.is_set() and running == 0 and self.workload.qsize() == 0:
+            self._drained.set()
+
     def _fail_waiting(self, message: str) -> None:
         for seq in self.workload.drain():
+            self.abandoned += 1
             seq.fail(ShuttingDown(message))
 
     def _load(self) -> None:

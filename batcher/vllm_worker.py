@@ -42,6 +42,7 @@ class VLLMWorker(EngineThread):
         gpu_memory_utilization: float = 0.5,
         max_inbox: int = 256,
         enforce_eager: bool = False,
+        tensor_parallel_size: int = 1,
         enabled: bool = True,
         context: Callable[[], AbstractContextManager] = contextlib.nullcontext,
         model_lock: threading.Lock | None = None,
@@ -56,6 +57,7 @@ class VLLMWorker(EngineThread):
         self.kv_cache_gib = kv_cache_gib
         self.gpu_memory_utilization = gpu_memory_utilization
         self.enforce_eager = enforce_eager
+        self.tensor_parallel_size = tensor_parallel_size
         self._context = context
         # vLLM compiles the model at start with torch.fx tracing, which patches
         # torch.nn.Module.__call__ for the whole process: a static round running meanwhile fails
@@ -97,6 +99,7 @@ class VLLMWorker(EngineThread):
             max_model_len=self.max_model_len,
             gpu_memory_utilization=self.gpu_memory_utilization,
             enforce_eager=self.enforce_eager,
+            tensor_parallel_size=self.tensor_parallel_size,
             disable_log_stats=True,
         )
         return LLMEngine.from_engine_args(args)
@@ -114,6 +117,7 @@ class VLLMWorker(EngineThread):
             self._abort_cancelled()
             if self._active:
                 self._step()
+            self._note_if_drained(running=len(self._active))
         self._shutdown()
 
     def _admit(self) -> None:
@@ -196,6 +200,7 @@ class VLLMWorker(EngineThread):
         self._active.pop(seq.id, None)
 
     def _shutdown(self) -> None:
+        self.abandoned += len(self._active)
         if self._active:
             with contextlib.suppress(Exception):
                 self.engine.abort_request(list(self._active))

@@ -63,6 +63,7 @@ class ModelWorker(EngineThread):
             batch = self.workload.next_batch(self.batch_size, self.batch_wait_s)
             if batch:
                 self._run_round(batch)
+            self._note_if_drained(running=0)
         self._fail_waiting("the static engine shut down before this prompt ran")
 
     def _abandon(self) -> None:
@@ -98,6 +99,7 @@ class ModelWorker(EngineThread):
                 continue
             text, reason = results[seq.id]
             if reason == "cancelled" and self._stopping.is_set():
+                self.abandoned += 1
                 seq.fail(ShuttingDown("the static engine shut down while this prompt ran"))
             else:
                 seq.finish(text, reason)

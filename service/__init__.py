@@ -61,6 +61,7 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
         gpu_memory_utilization=config.vllm_gpu_memory_utilization,
         max_inbox=config.vllm_max_inbox,
         enforce_eager=config.vllm_enforce_eager,
+        tensor_parallel_size=config.vllm_tensor_parallel_size,
         enabled=config.vllm_enabled,
         context=app.test_request_context,
         model_lock=model_lock,
@@ -85,18 +86,39 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
     return app
 
 
-def shutdown(app: Flask, timeout: float = 30.0) -> None:
-    """Stop every engine: no new work, waiting sequences fail with 503, threads joined."""
-    for name, eng in app.extensions["engines"].items():
-        eng.stop(timeout)
-        log.info("%s engine stopped", name)
+def shutdown(app: Flask, timeout: float = 30.0) -> dict[str, tuple[int, int]]:
+    """Drain, then stop every engine: no new work (503 `shutting_down`), what is queued or running
+    finishes within `timeout`, what is left then fails with 503, threads joined. Returns, per
+    engine, (sequences finished, sequences abandoned) since the drain began, and logs them."""
+    if "drained" in app.extensions:  # the second call (worker_exit after the SIGTERM drain)
+        return app.extensions["drained"]
+    begin_shutdown(app)
+    started = time.monotonic()
+    deadline = started + timeout
+    engines = app.extensions["engines"]
+    for eng in engines.values():
+        eng.wait_drained(max(0.0, deadline - time.monotonic()))
+    counts = {}
+    for name, eng in engines.items():
+        eng.stop(max(1.0, deadline - time.monotonic()))
+        counts[name] = (max(0, eng.held_at_drain - eng.abandoned), eng.abandoned)
+    app.extensions["drained"] = counts
+    for name, (finished, abandoned) in counts.items():
+        log.info(
+            "%s engine drained in %.1fs: %d sequences finished, %d abandoned",
+            name,
+            time.monotonic() - started,
+            finished,
+            abandoned,
+        )
+    return counts
 
 
 def begin_shutdown(app: Flask) -> None:
-    """Non-blocking first half of `shutdown`, safe in a signal handler: refuse new work and wake
-    every waiter now, so in-flight requests answer 503 instead of holding the worker open."""
+    """Non-blocking first half of `shutdown`, safe in a signal handler: every engine refuses new
+    work from now on (503 `shutting_down`, /health 503 "draining"); what it holds goes on."""
     for eng in app.extensions["engines"].values():
-        eng.stop(timeout=0)
+        eng.begin_drain()
 
 
 def _observe_requests(app: Flask, metrics: Metrics) -> None:

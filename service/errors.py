@@ -111,7 +111,7 @@ def openai_error(exc: BaseException) -> tuple[dict, int]:
 def _respond(body: dict, status: int) -> Response:
     response = jsonify(body)
     response.status_code = status
-    if status in (429, 503):  # worth retrying: a full queue drains, a restarting replica comes back
+    if status in (429, 503):  # worth retrying: a full queue drains, a draining replica has others
         response.headers["Retry-After"] = str(RETRY_AFTER_S)
     return response
 

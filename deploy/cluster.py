@@ -1,0 +1,226 @@
+"""`make cluster` and `make rolling-restart`: replicas of the service behind nginx, run by supervisord.
+
+Nothing here balances or supervises. `run` renders deploy/*.j2 into a run folder and becomes
+supervisord (foreground), which runs nginx and the replicas; Ctrl-C or SIGTERM makes it stop them,
+each replica draining. `rolling-restart` restarts one replica at a time with supervisorctl, taking
+it out of nginx's upstream (`down`, reload) while it drains and loads, and puts it back and goes on
+to the next only once it answers /health 200 again.
+
+Settings come from the environment, as for `make serve`: PORT (nginx; replicas on PORT+1..PORT+
+REPLICAS), REPLICAS, HOST, CLUSTER_DIR (the run folder), and every service knob, which the
+replicas inherit. ACCEL=gpu gives replica i the GPU i-1 (CUDA_VISIBLE_DEVICES).
+
+    python -m deploy.cluster run | rolling-restart
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+ROOT = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent
+MAX_FAILS = 3
+FAIL_TIMEOUT_S = 5
+SETTINGS_FILE = "cluster.json"  # what `run` rendered with, for `rolling-restart` to render the same
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str
+    port: int
+    replicas: int
+    run_dir: Path
+    graceful_timeout_s: int
+    request_timeout_s: float
+    max_body_bytes: int
+    accel: str
+    preload: str
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        port = int(os.environ.get("PORT", "8000"))
+        replicas = int(os.environ.get("REPLICAS", "2"))
+        if replicas < 1:
+            raise ValueError(f"REPLICAS must be >= 1, got {replicas}")
+        return cls(
+            host=os.environ.get("HOST", "0.0.0.0"),
+            port=port,
+            replicas=replicas,
+            run_dir=Path(os.environ.get("CLUSTER_DIR") or ROOT / ".cache" / "cluster" / str(port)).resolve(),
+            graceful_timeout_s=int(os.environ.get("GRACEFUL_TIMEOUT", "30")),
+            request_timeout_s=float(os.environ.get("REQUEST_TIMEOUT_S", "120")),
+            max_body_bytes=int(os.environ.get("MAX_BODY_BYTES", str(1 << 20))),
+            accel=os.environ.get("ACCEL", "cpu"),
+            preload=os.environ.get("REPLICA_PRELOAD", ""),
+        )
+
+    def save(self) -> None:
+        values = {**dataclasses.asdict(self), "run_dir": str(self.run_dir)}
+        (self.run_dir / SETTINGS_FILE).write_text(json.dumps(values, indent=1) + "\n")
+
+    @classmethod
+    def load(cls, run_dir: Path) -> Settings:
+        values = json.loads((run_dir / SETTINGS_FILE).read_text())
+        return cls(**{**values, "run_dir": Path(values["run_dir"])})
+
+    @property
+    def replica_ports(self) -> list[int]:
+        return [self.port + i for i in range(1, self.replicas + 1)]
+
+    @property
+    def replica_address(self) -> str:
+        """Where nginx (on this machine) reaches a replica bound to HOST."""
+        return "127.0.0.1" if self.host in ("0.0.0.0", "", "::") else self.host
+
+    @property
+    def supervisord_conf(self) -> Path:
+        return self.run_dir / "supervisord.conf"
+
+
+def _supervisor_value(value: str) -> str:
+    """A value for supervisord's `environment=`: quoted, and % doubled (its own expansion)."""
+    return '"' + value.replace("%", "%%").replace('"', '\\"') + '"'
+
+
+def _tool(name: str) -> str:
+    """A tool from this venv first (supervisord, gunicorn), then PATH, then /usr/sbin (nginx)."""
+    here = Path(sys.executable).with_name(name)
+    found = str(here) if here.exists() else shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin")
+    if not found:
+        raise SystemExit(f"{name} not found: `make setup` installs it (nginx with apt-get, as root)")
+    return found
+
+
+def render(s: Settings, down: int | None = None) -> Path:
+    """Write nginx.conf and supervisord.conf into the run folder; returns supervisord.conf.
+    Replica number `down` (1-based) is marked down in nginx's upstream."""
+    for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
+        (s.run_dir / "nginx-tmp" / sub).mkdir(parents=True, exist_ok=True)
+    replicas = []
+    for i, port in enumerate(s.replica_ports, 1):
+        env = {"HOST": s.host, "PORT": str(port)}
+        if s.preload:
+            env["LD_PRELOAD"] = s.preload
+        if s.accel == "gpu":  # one replica per GPU (untested here: this machine has none)
+            env["CUDA_VISIBLE_DEVICES"] = str(i - 1)
+        environment = ",".join(f"{k}={_supervisor_value(v)}" for k, v in env.items())
+        replicas.append(
+            {
+                "name": f"replica{i}",
+                "port": port,
+                "address": s.replica_address,
+                "environment": environment,
+                "down": i == down,
+            }
+        )
+    values = {
+        "root": ROOT,
+        "run_dir": s.run_dir,
+        "host": s.host,
+        "port": s.port,
+        "replicas": replicas,
+        "nginx": _tool("nginx"),
+        "gunicorn": _tool("gunicorn"),
+        "max_fails": MAX_FAILS,
+        "fail_timeout_s": FAIL_TIMEOUT_S,
+        "read_timeout_s": int(s.request_timeout_s) + 30,
+        "max_body_bytes": s.max_body_bytes,
+        # gunicorn's master kills a worker still draining at GRACEFUL_TIMEOUT; then it exits itself
+        "stop_wait_s": s.graceful_timeout_s + 15,
+    }
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE), undefined=jinja2.StrictUndefined)
+    for name in ("nginx.conf", "supervisord.conf"):
+        (s.run_dir / name).write_text(env.get_template(f"{name}.j2").render(values) + "\n")
+    return s.supervisord_conf
+
+
+def run(s: Settings) -> None:
+    conf = render(s)
+    s.save()
+    print(f"cluster: nginx on {s.host}:{s.port}, replicas on {s.replica_ports}; logs in {s.run_dir}", flush=True)
+    supervisord = _tool("supervisord")
+    os.execv(supervisord, [supervisord, "-n", "-c", str(conf)])  # signals go straight to it
+
+
+def healthy(address: str, port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{address}:{port}/health", timeout=5) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def wait_healthy(address: str, port: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not healthy(address, port):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"replica on :{port} not healthy after {timeout_s:.0f}s; stopping the rolling restart")
+        time.sleep(0.5)
+
+
+def rolling_restart(run_dir: Path, health_timeout_s: float) -> float:
+    """Restart the replicas one at a time; returns the seconds it took.
+
+    Each replica leaves nginx's upstream first (`down`, then a graceful reload: nginx finishes what
+    it sent there), so it gets no new requests while it drains and loads; requests already on
+    their way get its 503 and go to another replica. It comes back once its /health answers 200
+    (the reload also clears any failures nginx counted against it)."""
+    if not (run_dir / SETTINGS_FILE).exists():
+        raise SystemExit(f"no cluster at {run_dir} (start one with `make cluster`, same PORT)")
+    s = Settings.load(run_dir)
+    supervisorctl = _tool("supervisorctl")
+
+    def ctl(*args: str) -> None:
+        subprocess.run([supervisorctl, "-c", str(s.supervisord_conf), *args], check=True, stdout=subprocess.DEVNULL)
+
+    started = time.monotonic()
+    for port in s.replica_ports:  # never take one out while another is unhealthy
+        wait_healthy(s.replica_address, port, health_timeout_s)
+    for i, port in enumerate(s.replica_ports, 1):
+        t0 = time.monotonic()
+        render(s, down=i)
+        ctl("signal", "HUP", "nginx")
+        ctl("restart", f"replicas:replica{i}")  # SIGTERM: it drains and exits 0; then it starts again
+        restarted = time.monotonic() - t0
+        wait_healthy(s.replica_address, port, health_timeout_s)
+        render(s)
+        ctl("signal", "HUP", "nginx")
+        print(
+            f"rolling-restart: replica{i} (:{port}) drained and restarted in {restarted:.1f}s, "
+            f"healthy and back in nginx after {time.monotonic() - t0:.1f}s",
+            flush=True,
+        )
+    elapsed = time.monotonic() - started
+    print(f"rolling-restart: {s.replicas} replicas restarted in {elapsed:.1f}s", flush=True)
+    return elapsed
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["run", "render", "rolling-restart"])
+    parser.add_argument("--health-timeout", type=float, default=600, help="seconds a replica may take to be healthy")
+    args = parser.parse_args(argv)
+    settings = Settings.from_env()
+    if args.command == "run":
+        run(settings)
+    elif args.command == "render":
+        print(render(settings))
+    else:
+        rolling_restart(settings.run_dir, args.health_timeout)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,273 @@
+"""`make cluster` (two replicas behind nginx, under supervisord) while `make rolling-restart` runs:
+nothing is lost, nothing is crossed. Real make, nginx, supervisord, gunicorn and model; loopback only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.conftest import wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
+REQUESTS, THREADS, REPLICAS = 300, 16, 2
+HELD_BACK = 32  # the last requests wait for the rolling restart to end: traffic before, during, after
+MAX_TOKENS = 6
+PROMPTS = [
+    "The capital of France is",
+    "Water boils at",
+    "My favourite colour is",
+    "The first man on the moon was",
+    "A good breakfast has",
+    "Two plus two is",
+    "The ocean is",
+    "Cats like to",
+]
+BAD = [  # (body, status, type): answered by a replica through nginx, never retried
+    ({"prompts": "not a list"}, 422, "invalid_request"),
+    ({"prompts": ["ok"], "max_tokens": 0}, 422, "invalid_request"),
+    (b"{not json", 400, "invalid_json"),
+]
+
+pytestmark = pytest.mark.slow
+
+
+def bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port_run(count: int) -> int:
+    """A port p with p..p+count-1 all free (nginx on p, replicas above it)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + count < 65535 and all(bindable(base + i) for i in range(count)):
+            return base
+    raise RuntimeError("no run of free ports")
+
+
+def healthy(url: str) -> bool:
+    try:
+        return requests.get(f"{url}/health", timeout=5).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def sse_events(text: str) -> list[dict]:
+    return [json.loads(chunk.removeprefix("data: ")) for chunk in text.split("\n\n") if chunk.strip()]
+
+
+class Cluster:
+    """`make cluster` in its own session; stopped with SIGTERM (as a user would), killed if stuck."""
+
+    def __init__(self, run_dir: Path):
+        self.port = free_port_run(REPLICAS + 1)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.replica_urls = [f"http://127.0.0.1:{self.port + i}" for i in range(1, REPLICAS + 1)]
+        self.run_dir = run_dir
+        self.env = {
+            **os.environ,
+            "HOST": "127.0.0.1",
+            "PORT": str(self.port),
+            "REPLICAS": str(REPLICAS),
+            "CLUSTER_DIR": str(run_dir),
+            "VLLM_ENABLED": "0",  # two replicas fit this machine only without vLLM
+            "DTYPE": "float32",  # greedy completions the same in any batch: crossed answers show
+            "TORCH_THREADS": "1",
+            "THREADS": "32",
+            "GRACEFUL_TIMEOUT": "300",  # a drain on a loaded 2-core machine (here: up to ~2 min) must not be cut short
+            "REQUEST_TIMEOUT_S": "300",
+        }
+        self.log = open(run_dir / "make-cluster.log", "wb")
+        self.proc = subprocess.Popen(
+            ["make", "cluster"],
+            cwd=ROOT,
+            env=self.env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def ctl(self, *args: str) -> str:
+        conf = self.run_dir / "supervisord.conf"
+        out = subprocess.run(
+            [shutil.which("supervisorctl") or str(ROOT / ".venv/bin/supervisorctl"), "-c", str(conf), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        return out.stdout
+
+    def pids(self) -> list[int]:
+        return [int(p) for p in self.ctl("pid", "all").split() if p.isdigit() and int(p) > 0]
+
+    def replica_log(self, i: int) -> str:
+        path = self.run_dir / f"replica{i}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def stop(self) -> int | None:
+        children = self.pids() if self.proc.poll() is None else []
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)  # make passes it on to supervisord: drain, stop
+            try:
+                self.proc.wait(180)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(30)
+        for pid in children:  # supervisord gives each child its own process group
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    if not (shutil.which("nginx") or Path("/usr/sbin/nginx").exists()):
+        pytest.skip("nginx is not installed (`make setup` installs it when run as root)")
+    c = Cluster(tmp_path)
+    try:
+        wait_until(
+            lambda: all(healthy(u) for u in [c.url, *c.replica_urls]) or c.proc.poll() is not None,
+            600,
+            "the cluster to be healthy",
+        )
+        assert c.proc.poll() is None, (tmp_path / "make-cluster.log").read_text()[-3000:]
+        yield c
+    finally:
+        c.stop()
+
+
+def job(i: int) -> tuple[str, object, int | None]:
+    """(kind, payload, prompt index or None): a mix of single and multi-prompt /generate, streams
+    and, every 25th, a bad input."""
+    if i % 25 == 24:
+        return "bad", BAD[(i // 25) % len(BAD)], None
+    if i % 4 == 3:
+        return "stream", PROMPTS[i % len(PROMPTS)], i % len(PROMPTS)
+    count = 1 + i % 3
+    return "generate", [PROMPTS[(i + k) % len(PROMPTS)] for k in range(count)], None
+
+
+def test_a_rolling_restart_under_load_loses_and_crosses_nothing(cluster):
+    session = requests.Session()
+    # what each prompt completes to on its own (greedy, float32: the same inside any batch)
+    expected = {}
+    for prompt in PROMPTS:
+        r = session.post(
+            f"{cluster.replica_urls[0]}/generate", json={"prompts": [prompt], "max_tokens": MAX_TOKENS}, timeout=300
+        )
+        assert r.status_code == 200, r.text
+        expected[prompt] = r.json()["generated_texts"][0]
+
+    answered = 0
+    answered_lock = threading.Lock()
+    load_running = threading.Event()  # enough answers seen: start the rolling restart
+    restart_done = threading.Event()
+    restart: dict = {}
+
+    def send(i: int):
+        nonlocal answered
+        if i >= REQUESTS - HELD_BACK:
+            assert restart_done.wait(900), "the rolling restart did not end"
+        kind, payload, _ = job(i)
+        if kind == "bad":
+            body, _, _ = payload
+            kw = {"data": body, "headers": {"Content-Type": "application/json"}} if isinstance(body, bytes) else {}
+            r = requests.post(f"{cluster.url}/generate", json=None if kw else body, timeout=600, **kw)
+        elif kind == "stream":
+            r = requests.post(
+                f"{cluster.url}/generate_stream", json={"prompt": payload, "max_tokens": MAX_TOKENS}, timeout=600
+            )
+        else:
+            r = requests.post(
+                f"{cluster.url}/generate", json={"prompts": payload, "max_tokens": MAX_TOKENS}, timeout=600
+            )
+        with answered_lock:
+            answered += 1
+            if answered >= THREADS:
+                load_running.set()
+        return r
+
+    def roll():
+        try:
+            assert load_running.wait(600)
+            started = time.monotonic()
+            out = subprocess.run(
+                ["make", "rolling-restart"],
+                cwd=ROOT,
+                env=cluster.env,
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
+            restart.update(rc=out.returncode, output=out.stdout + out.stderr, seconds=time.monotonic() - started)
+        finally:
+            restart_done.set()
+
+    roller = threading.Thread(target=roll)
+    roller.start()
+    with ThreadPoolExecutor(THREADS) as pool:
+        replies = list(pool.map(send, range(REQUESTS)))
+    roller.join(900)
+
+    assert restart.get("rc") == 0, restart.get("output")
+    counts = {"generate": 0, "stream": 0, "bad": 0, "retried": 0}
+    replicas_seen = set()
+    for i, r in enumerate(replies):
+        kind, payload, prompt_index = job(i)
+        counts[kind] += 1
+        upstreams = [u.strip() for u in r.headers.get("X-Replica", "").split(",") if u.strip()]
+        counts["retried"] += len(upstreams) > 1
+        if kind == "bad":
+            _, status, type_ = payload
+            assert (r.status_code, r.json()["type"]) == (status, type_), (i, r.text)
+            continue
+        assert r.status_code == 200, (i, kind, r.status_code, r.text, upstreams)
+        replicas_seen.add(upstreams[-1])
+        if kind == "generate":
+            assert r.json()["generated_texts"] == [expected[p] for p in payload], (i, payload, r.text)
+        else:
+            events = sse_events(r.text)
+            assert events[-1].get("done") is True and events[-1]["finish_reason"] in ("length", "stop"), (i, r.text)
+            assert "".join(e.get("token", "") for e in events) == expected[PROMPTS[prompt_index]], (i, r.text)
+            assert len({e["sequence_id"] for e in events}) == 1
+    assert replicas_seen == {u.removeprefix("http://") for u in cluster.replica_urls}, replicas_seen
+
+    drains = {}
+    for i in range(1, REPLICAS + 1):
+        lines = re.findall(
+            r"static engine drained in [\d.]+s: (\d+) sequences finished, (\d+) abandoned", cluster.replica_log(i)
+        )
+        assert lines, f"replica{i} shows no drain:\n{cluster.replica_log(i)[-3000:]}"
+        finished, abandoned = map(int, lines[0])
+        assert abandoned == 0 and finished > 0, (i, lines)  # it held work at SIGTERM, and finished it all
+        drains[f"replica{i}"] = finished
+    print(f"\ncluster: {counts}, drained sequences {drains}, rolling restart {restart['seconds']:.1f}s")
+    print(restart["output"])
+    cluster.stop()
+    # every stop (two in the rolling restart, two at the end) was a drain that exited 0
+    stopped = re.findall(
+        r"stopped: (replica\d) \(exit status (\d+)\)", (cluster.run_dir / "supervisord.log").read_text()
+    )
+    assert sorted(stopped) == [("replica1", "0")] * 2 + [("replica2", "0")] * 2, stopped

@@ -1,0 +1,92 @@
+"""deploy/: the rendered nginx and supervisord configs, checked by the tools themselves; no servers."""
+
+from __future__ import annotations
+
+import configparser
+import shutil
+import subprocess
+
+import pytest
+
+from deploy import cluster
+from service.config import Config
+
+NGINX = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin")
+
+
+@pytest.fixture
+def rendered(tmp_path, monkeypatch):
+    if NGINX is None:
+        pytest.skip("nginx is not installed (`make setup` installs it when run as root)")
+    for key, value in {"PORT": "9100", "REPLICAS": "3", "HOST": "127.0.0.1", "CLUSTER_DIR": str(tmp_path)}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("REQUEST_TIMEOUT_S", "200")
+    monkeypatch.setenv("ACCEL", "gpu")
+    monkeypatch.setenv("REPLICA_PRELOAD", "/lib/a%b.so")
+    settings = cluster.Settings.from_env()
+    cluster.render(settings)
+    return settings
+
+
+def test_nginx_accepts_the_rendered_config_as_an_unprivileged_foreground_process(rendered):
+    conf = rendered.run_dir / "nginx.conf"
+    out = subprocess.run(
+        [NGINX, "-t", "-c", str(conf), "-p", f"{rendered.run_dir}/", "-e", "stderr"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
+    text = conf.read_text()
+    for port in (9101, 9102, 9103):
+        assert f"server 127.0.0.1:{port} max_fails=" in text
+    assert "listen 127.0.0.1:9100;" in text and "least_conn;" in text and "proxy_buffering off;" in text
+    assert "proxy_next_upstream error timeout http_503 non_idempotent;" in text
+    assert "proxy_read_timeout 230s;" in text  # above REQUEST_TIMEOUT_S
+    assert "daemon off;" in text and f"pid {rendered.run_dir}/nginx.pid;" in text
+    assert " down;" not in text
+
+
+def test_a_restarting_replica_is_marked_down_and_the_settings_are_kept_for_the_restart(rendered):
+    rendered.save()
+    again = cluster.Settings.load(rendered.run_dir)
+    assert again == rendered
+    cluster.render(again, down=2)
+    text = (rendered.run_dir / "nginx.conf").read_text()
+    assert "server 127.0.0.1:9102 max_fails=3 fail_timeout=5s down;" in text
+    assert text.count(" down;") == 1
+
+
+def test_supervisord_runs_nginx_and_one_program_per_replica_in_one_group(rendered):
+    parser = configparser.RawConfigParser(inline_comment_prefixes=(";",))
+    parser.read(rendered.run_dir / "supervisord.conf")
+    assert parser.get("supervisord", "nodaemon") == "true"
+    assert parser.get("group:replicas", "programs") == "replica1,replica2,replica3"
+    for i, port in enumerate((9101, 9102, 9103), 1):
+        section = f"program:replica{i}"
+        env = parser.get(section, "environment")
+        assert f'PORT="{port}"' in env and f'CUDA_VISIBLE_DEVICES="{i - 1}"' in env
+        assert 'LD_PRELOAD="/lib/a%%b.so"' in env  # supervisord expands %: doubled
+        assert parser.get(section, "stopsignal") == "TERM"
+        assert int(parser.get(section, "stopwaitsecs")) > 30  # longer than GRACEFUL_TIMEOUT
+    assert parser.get("program:nginx", "stopsignal") == "QUIT"
+    assert int(parser.get("program:nginx", "priority")) < int(parser.get("program:replica1", "priority"))
+
+
+def test_a_rolling_restart_without_a_cluster_says_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("CLUSTER_DIR", str(tmp_path / "none"))
+    with pytest.raises(SystemExit, match="no cluster at"):
+        cluster.rolling_restart(tmp_path / "none", health_timeout_s=1)
+
+
+@pytest.mark.parametrize("replicas", ["0", "-1"])
+def test_bad_replica_counts_are_refused(monkeypatch, replicas):
+    monkeypatch.setenv("REPLICAS", replicas)
+    with pytest.raises(ValueError, match="REPLICAS"):
+        cluster.Settings.from_env()
+
+
+def test_tensor_parallel_size_must_be_positive():
+    assert Config(vllm_tensor_parallel_size=2).vllm_tensor_parallel_size == 2
+    with pytest.raises(ValueError, match="VLLM_TENSOR_PARALLEL_SIZE"):
+        Config(vllm_tensor_parallel_size=0)

@@ -1,0 +1,153 @@
+"""Drain on SIGTERM: stop admitting, finish what is held, then exit 0.
+
+The engine alone (a gated round, so the order of events is fixed), then one real gunicorn replica
+with both engines: a running round, a queued one and an open vLLM stream, all answered in full.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import threading
+
+import pytest
+import requests
+
+from batcher.errors import ShuttingDown
+from batcher.sequence import Status
+from batcher.worker import ModelWorker
+from bench.server import Server
+from tests.conftest import wait_until
+from tests.test_worker import GATE, InstrumentedRunner, submit, wait
+
+
+@pytest.fixture
+def gated(runner_fp32):
+    runner = InstrumentedRunner(runner_fp32)
+    worker = ModelWorker(lambda: runner, batch_size=4).start()
+    assert worker.wait_ready(30)
+    yield worker, runner
+    runner.gate.set()
+    worker.stop()
+
+
+def test_a_draining_engine_refuses_new_work_and_finishes_what_it_holds(gated):
+    worker, runner = gated
+    running = submit(worker, GATE, "b", "c", "d", max_tokens=8)
+    assert runner.entered.wait(30)
+    queued = submit(worker, "queued one", "queued two", max_tokens=8)
+    worker.begin_drain()
+    assert worker.draining and worker.held_at_drain == 6
+    with pytest.raises(ShuttingDown):
+        submit(worker, "too late")
+    assert not worker.wait_drained(0)  # the gated round still runs
+    runner.gate.set()
+    assert worker.wait_drained(300)
+    wait(running + queued)
+    assert all(s.status == Status.FINISHED and s.token_ids for s in running + queued)
+    assert len(running[0].token_ids) == 8 or running[0].finish_reason == "stop"  # ran to its end
+    worker.stop()
+    assert worker.abandoned == 0 and worker.status == "stopped"
+
+
+def test_an_idle_engine_is_drained_at_once(gated):
+    worker, _ = gated
+    worker.begin_drain()
+    assert worker.wait_drained(30) and worker.held_at_drain == 0
+
+
+def test_what_is_still_running_when_the_drain_time_is_up_is_abandoned(gated):
+    worker, runner = gated
+    [running] = submit(worker, GATE, max_tokens=200)
+    assert runner.entered.wait(30)
+    [queued] = submit(worker, "never runs")
+    worker.begin_drain()
+    assert not worker.wait_drained(0)
+    stopper = threading.Thread(target=worker.stop)
+    stopper.start()
+    runner.gate.set()
+    stopper.join(60)
+    wait([running, queued])
+    assert isinstance(running.error, ShuttingDown) and isinstance(queued.error, ShuttingDown)
+    assert worker.abandoned == 2
+
+
+# --- one replica under gunicorn --------------------------------------------------------------
+
+
+@pytest.fixture
+def replica(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_ENFORCE_EAGER", "1")  # vLLM up in ~15 s instead of ~60 s
+    monkeypatch.setenv("GRACEFUL_TIMEOUT", "120")  # the drain must not be cut short here
+    srv = Server(tmp_path / "replica.log")
+    try:
+        wait_until(
+            lambda: srv.engine("vllm").get("status") in ("ready", "failed") or srv.proc.poll() is not None,
+            600,
+            "both engines",
+        )
+        assert srv.engine("vllm").get("status") == "ready", srv.log_text()[-3000:]
+        yield srv
+    finally:
+        srv.stop()
+
+
+def post(server, path, body, **kw):
+    return requests.post(f"{server.url}{path}", json=body, timeout=300, **kw)
+
+
+def sse(lines) -> list[dict]:
+    return [json.loads(line[6:]) for line in lines if line.startswith(b"data: ")]
+
+
+def test_sigterm_drains_a_running_round_a_queued_one_and_an_open_stream_then_exits_0(replica):
+    replies: dict[str, requests.Response] = {}
+
+    def send(name, path, body):
+        replies[name] = post(replica, path, body)
+
+    static = replica.engine("static")
+    # a round of four long prompts, then a fifth prompt that waits for the next round
+    running = threading.Thread(
+        target=send,
+        args=("running", "/generate", {"prompts": ["Tell me a story"] * 4, "max_tokens": 120, "ignore_eos": True}),
+    )
+    running.start()
+    wait_until(lambda: replica.engine("static").get("rounds", 0) > static["rounds"], 60, "the round to start")
+    queued = threading.Thread(target=send, args=("queued", "/generate", {"prompts": ["Hi"], "max_tokens": 4}))
+    queued.start()
+    wait_until(lambda: replica.engine("static").get("queued", 0) >= 1, 60, "the second round to wait")
+    stream = post(
+        replica,
+        "/generate_vllm_stream",
+        {"prompt": "Once upon a time", "max_tokens": 60, "ignore_eos": True},
+        stream=True,
+    )
+    lines = stream.iter_lines()
+    first = next(line for line in lines if line.startswith(b"data: "))
+
+    replica.proc.send_signal(signal.SIGTERM)
+    wait_until(lambda: replica.health().get("status") == "draining", 30, "/health to say draining")
+    health = requests.get(f"{replica.url}/health", timeout=10)
+    refused = post(replica, "/generate", {"prompts": ["new work"]})
+    refused_stream = post(replica, "/generate_stream", {"prompt": "new work"})
+
+    rest = sse(lines)  # the open stream runs to its end
+    running.join(300)
+    queued.join(300)
+    assert replica.proc.wait(120) == 0
+
+    assert health.status_code == 503 and health.json()["status"] == "draining"
+    for r in (refused, refused_stream):
+        assert r.status_code == 503 and r.json()["type"] == "shutting_down"
+        assert int(r.headers["Retry-After"]) >= 1
+    assert replies["running"].status_code == 200, replies["running"].text
+    assert [len(t) > 0 for t in replies["running"].json()["generated_texts"]] == [True] * 4
+    assert replies["queued"].status_code == 200 and len(replies["queued"].json()["generated_texts"]) == 1
+    tokens = sse([first]) + rest
+    assert rest[-1] == {"sequence_id": tokens[0]["sequence_id"], "finish_reason": "length", "done": True}
+    assert len({e["sequence_id"] for e in tokens}) == 1
+    log = replica.log_text()
+    assert re.search(r"static engine drained in [\d.]+s: 5 sequences finished, 0 abandoned", log), log[-3000:]
+    assert re.search(r"vllm engine drained in [\d.]+s: 1 sequences finished, 0 abandoned", log), log[-3000:]
