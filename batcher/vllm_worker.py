@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
+from batcher import fence
 from batcher.engine import EngineThread
 from batcher.errors import RoundFailed, ShuttingDown
 from batcher.metrics import Metrics
@@ -41,10 +42,9 @@ class VLLMWorker(EngineThread):
         kv_cache_gib: int = 1,
         gpu_memory_utilization: float = 0.5,
         max_inbox: int = 256,
-        enforce_eager: bool = False,
+        enforce_eager: str | bool = "auto",
         enabled: bool = True,
         context: Callable[[], AbstractContextManager] = contextlib.nullcontext,
-        model_lock: threading.Lock | None = None,
         metrics: Metrics | None = None,
     ):
         super().__init__(max_queue=max_inbox, metrics=metrics, enabled=enabled, why_disabled="VLLM_ENABLED is off")
@@ -55,13 +55,8 @@ class VLLMWorker(EngineThread):
         self.max_input_tokens = max_input_tokens
         self.kv_cache_gib = kv_cache_gib
         self.gpu_memory_utilization = gpu_memory_utilization
-        self.enforce_eager = enforce_eager
+        self.enforce_eager = enforce_eager  # "auto": eager on CPU, compiled on GPU (see Config)
         self._context = context
-        # vLLM compiles the model at start with torch.fx tracing, which patches
-        # torch.nn.Module.__call__ for the whole process: a static round running meanwhile fails
-        # ("module is not installed as a submodule"). The static thread holds this lock around
-        # each round, and we hold it while the engine builds, so static rounds wait instead.
-        self.model_lock = model_lock or threading.Lock()
         self.metrics.vllm_waiting.set_function(self.workload.qsize)
         self.metrics.vllm_running.set_function(lambda: len(self._active))
         self.engine = None
@@ -73,7 +68,14 @@ class VLLMWorker(EngineThread):
         return self.engine.get_num_unfinished_requests() if self.engine is not None else 0
 
     def health(self) -> dict:
-        return {**super().health(), "steps": self.steps, "running": len(self._active)}
+        return {**super().health(), "steps": self.steps, "running": len(self._active), "eager": self.eager}
+
+    @property
+    def eager(self) -> bool | None:
+        """Whether vLLM runs without compiling (None while not resolved)."""
+        if self.enforce_eager == "auto":
+            return None
+        return self.enforce_eager in (True, "1")
 
     # --- the engine thread ---------------------------------------------------------------
     def _build_engine(self):
@@ -81,19 +83,22 @@ class VLLMWorker(EngineThread):
         # path. Must be set before vllm is imported.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_gib))
+        fence.install()
         from vllm import EngineArgs, LLMEngine
 
         from batcher.runner import pick_device, pick_dtype
 
         device = pick_device("auto")
         dtype = str(pick_dtype(self.dtype, device)).removeprefix("torch.")
+        if self.enforce_eager == "auto":
+            self.enforce_eager = "1" if device == "cpu" else "0"
         args = EngineArgs(
             model=self._model_path(),
             dtype=dtype,
             max_num_seqs=self.max_num_seqs,
             max_model_len=self.max_model_len,
             gpu_memory_utilization=self.gpu_memory_utilization,
-            enforce_eager=self.enforce_eager,
+            enforce_eager=self.eager,
             disable_log_stats=True,
         )
         return LLMEngine.from_engine_args(args)
@@ -102,8 +107,23 @@ class VLLMWorker(EngineThread):
         # vLLM's CPU backend probes every attribute of every imported module with hasattr(),
         # and Flask's context-local proxies raise outside a context; the caller passes one.
         # Built here, in the thread that steps it, since OpenMP binds threads per thread.
-        with self._context(), self.model_lock:
-            self.engine = self._build_engine()
+        # Static rounds go on meanwhile, except while vLLM patches torch process-wide (fence.py).
+        import torch._dynamo
+
+        me = threading.current_thread()
+
+        def on_compile_start(args) -> None:
+            if threading.current_thread() is me and self.phase == "loading":
+                self._enter_phase("compiling")
+
+        torch._dynamo.callback_handler.register_start_callback(on_compile_start)
+        held_before = fence.stats.seconds
+        try:
+            with self._context():
+                self.engine = self._build_engine()
+        finally:
+            torch._dynamo.callback_handler.remove_start_callback(on_compile_start)
+        log.info("vLLM held the static engine's fence for %.1fs in all", fence.stats.seconds - held_before)
 
     def _serve(self) -> None:
         while not self._stopping.is_set():

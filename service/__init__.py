@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
 import time
 
 from flask import Flask, g, request
 
 from batcher.checkpoint import resolve_model
+from batcher.compile_cache import use_compile_cache
 from batcher.metrics import Metrics
-from batcher.runner import Runner
+from batcher.runner import Runner, pick_device
 from batcher.vllm_worker import VLLMWorker
 from batcher.worker import ModelWorker
 from service import continuous, errors, ops, static
@@ -31,7 +31,7 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
     app.json.ensure_ascii = False  # completions are text: keep them readable in curl
     metrics = Metrics()
     model_path = functools.cache(lambda: resolve_model(config.model, config.cache_dir))
-    model_lock = threading.Lock()  # static rounds wait while vLLM compiles (see VLLMWorker)
+    use_compile_cache(config.compile_cache_dir, pick_device("auto"))  # before anything compiles
 
     def load_runner() -> Runner:
         return Runner(model_path(), dtype=config.dtype, device=config.device, max_input_tokens=config.max_input_tokens)
@@ -42,7 +42,6 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
         batch_wait_ms=config.batch_wait_ms,
         max_queue=config.max_queue,
         torch_threads=config.torch_threads,
-        model_lock=model_lock,
         metrics=metrics,
     )
     vllm_engine = VLLMWorker(
@@ -57,7 +56,6 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
         enforce_eager=config.vllm_enforce_eager,
         enabled=config.vllm_enabled,
         context=app.test_request_context,
-        model_lock=model_lock,
         metrics=metrics,
     )
     app.extensions["engines"] = {"static": static_engine, "vllm": vllm_engine}
