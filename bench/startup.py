@@ -28,7 +28,7 @@ def _health(url: str) -> dict:
         return {}
 
 
-def one_start(env: dict[str, str], log_path: Path, timeout_s: float = 600) -> dict:
+def one_start(env: dict[str, str], log_path: Path, timeout_s: float = 1500) -> dict:
     """One service start; times are seconds since gunicorn was launched."""
     t0 = time.monotonic()
     srv = server.start(env, log_path)
