@@ -124,6 +124,7 @@ class VLLMWorker(EngineThread):
         finally:
             torch._dynamo.callback_handler.remove_start_callback(on_compile_start)
         log.info("vLLM held the static engine's fence for %.1fs in all", fence.stats.seconds - held_before)
+        _log_compile_cache()
 
     def _serve(self) -> None:
         while not self._stopping.is_set():
@@ -221,3 +222,18 @@ class VLLMWorker(EngineThread):
             self._forget(seq)
             seq.fail(stop)
         self._fail_waiting("the vLLM engine shut down before this prompt ran")
+
+
+def _log_compile_cache() -> None:
+    """Whether this start compiled or loaded from the persistent cache. On CPU vLLM hands the
+    model to stock torch.compile (Inductor): its cache counters are the ones that tell."""
+    from torch._dynamo.utils import counters
+
+    inductor, aot = counters["inductor"], counters["aot_autograd"]
+    log.info(
+        "compile cache: Inductor graphs %d loaded, %d compiled; AOTAutograd %d loaded, %d traced",
+        inductor["fxgraph_cache_hit"],
+        inductor["fxgraph_cache_miss"],
+        aot["autograd_cache_hit"],
+        aot["autograd_cache_miss"],
+    )
