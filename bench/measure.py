@@ -193,12 +193,19 @@ def _offline(spec: dict) -> dict:
     from vllm import LLM, SamplingParams
 
     from batcher.checkpoint import resolve_model
+    from batcher.compile_cache import use_compile_cache
     from batcher.runner import pick_device, pick_dtype
+    from batcher.vllm_worker import resolve_enforce_eager
 
-    dtype = str(pick_dtype(spec["dtype"], pick_device("auto"))).removeprefix("torch.")
+    device = pick_device("auto")
+    use_compile_cache(os.environ.get("COMPILE_CACHE_DIR", ".cache/compile"), device)  # as the service
+    dtype = str(pick_dtype(spec["dtype"], device)).removeprefix("torch.")
+    eager = resolve_enforce_eager(os.environ.get("VLLM_ENFORCE_EAGER", "auto"), device)
     started = time.perf_counter()
     path = resolve_model(spec["model"], spec["cache_dir"])
-    llm = LLM(model=path, dtype=dtype, max_model_len=2048, max_num_seqs=64, gpu_memory_utilization=0.5)
+    llm = LLM(
+        model=path, dtype=dtype, enforce_eager=eager, max_model_len=2048, max_num_seqs=64, gpu_memory_utilization=0.5
+    )
     load_seconds = time.perf_counter() - started
     params = SamplingParams(max_tokens=spec["max_tokens"], temperature=0, ignore_eos=True)
     runs = _timed(lambda: llm.generate(spec["prompts"], params, use_tqdm=False), spec["repeats"])
