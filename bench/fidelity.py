@@ -206,7 +206,17 @@ def table(rows: list[dict]) -> list[str]:
 def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(prog="python -m bench.fidelity", description=__doc__.split("\n\n")[0])
     p.add_argument("--log", type=Path, default=Path(tempfile.gettempdir()) / "bench-fidelity.log")
-    rows = measure_all(p.parse_args(argv).log)
+    p.add_argument(
+        "--configs",
+        help="a subset, e.g. vllm:float32:eager,vllm:bfloat16:compiled (the fp32 reference always runs first)",
+    )
+    args = p.parse_args(argv)
+    configs = CONFIGS
+    if args.configs:
+        modes = {"eager": True, "compiled": False, "": None}
+        picked = [tuple(c.split(":") + [""])[:3] for c in args.configs.split(",")]
+        configs = [CONFIGS[0]] + [(e, d, modes[m]) for e, d, m in picked if (e, d, modes[m]) != CONFIGS[0]]
+    rows = measure_all(args.log, configs)
     print("\n".join(table(rows)))
     return rows
 
