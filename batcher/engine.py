@@ -27,6 +27,10 @@ class EngineThread:
         self.status = "loading" if enabled else "disabled"  # loading -> ready | failed; -> stopped
         self.error: str | None = None if enabled else why_disabled
         self.load_seconds: float | None = None
+        # start phase: loading -> [compiling ->] ready | failed; seconds spent in each
+        self.phase = "loading" if enabled else "disabled"
+        self.phase_seconds: dict[str, float] = {}
+        self._phase_started = time.perf_counter()
         self._ready = threading.Event()
         self._stopping = threading.Event()
         self._draining = threading.Event()  # SIGTERM: no new work; what is held goes on
@@ -101,19 +105,31 @@ class EngineThread:
             "status": self.status,
             "error": self.error,
             "load_seconds": self.load_seconds,
+            "phase": self.phase,
+            "phase_seconds": {k: round(v, 2) for k, v in self.phase_seconds.items()},
             "queued": self.workload.qsize(),
         }
 
     # --- the engine thread ---------------------------------------------------------------
+    def _enter_phase(self, phase: str) -> None:
+        """Called from the engine thread as its start moves on (loading -> compiling -> ready)."""
+        now = time.perf_counter()
+        self.phase_seconds[self.phase] = self.phase_seconds.get(self.phase, 0.0) + now - self._phase_started
+        self.phase, self._phase_started = phase, now
+        if phase not in ("ready", "failed"):
+            log.info("%s engine: %s", self.name, phase)
+
     def _main(self) -> None:
-        started = time.perf_counter()
+        started = self._phase_started = time.perf_counter()
         try:
             self._load()
             self.load_seconds = time.perf_counter() - started
+            self._enter_phase("ready")
             self.status = "ready"
-            log.info("%s engine ready in %.1fs", self.name, self.load_seconds)
+            log.info("%s engine ready in %.1fs %s", self.name, self.load_seconds, self.phase_seconds)
         except Exception as exc:  # the service stays up and answers 503 with the reason
             log.exception("%s engine failed to start", self.name)
+            self._enter_phase("failed")
             self.status, self.error = "failed", f"{type(exc).__name__}: {exc}"
             return
         finally:

@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
+from batcher import fence
 from batcher.engine import EngineThread
 from batcher.errors import RoundFailed, ShuttingDown
 from batcher.metrics import Metrics
@@ -41,11 +42,10 @@ class VLLMWorker(EngineThread):
         kv_cache_gib: int = 1,
         gpu_memory_utilization: float = 0.5,
         max_inbox: int = 256,
-        enforce_eager: bool = False,
+        enforce_eager: str | bool = "auto",
         tensor_parallel_size: int = 1,
         enabled: bool = True,
         context: Callable[[], AbstractContextManager] = contextlib.nullcontext,
-        model_lock: threading.Lock | None = None,
         metrics: Metrics | None = None,
     ):
         super().__init__(max_queue=max_inbox, metrics=metrics, enabled=enabled, why_disabled="VLLM_ENABLED is off")
@@ -56,14 +56,9 @@ class VLLMWorker(EngineThread):
         self.max_input_tokens = max_input_tokens
         self.kv_cache_gib = kv_cache_gib
         self.gpu_memory_utilization = gpu_memory_utilization
-        self.enforce_eager = enforce_eager
+        self.enforce_eager = enforce_eager  # "auto": eager on CPU, compiled on GPU (see Config)
         self.tensor_parallel_size = tensor_parallel_size
         self._context = context
-        # vLLM compiles the model at start with torch.fx tracing, which patches
-        # torch.nn.Module.__call__ for the whole process: a static round running meanwhile fails
-        # ("module is not installed as a submodule"). The static thread holds this lock around
-        # each round, and we hold it while the engine builds, so static rounds wait instead.
-        self.model_lock = model_lock or threading.Lock()
         self.metrics.vllm_waiting.set_function(self.workload.qsize)
         self.metrics.vllm_running.set_function(self.running)
         self.engine = None
@@ -78,7 +73,14 @@ class VLLMWorker(EngineThread):
         return len(self._active)
 
     def health(self) -> dict:
-        return {**super().health(), "steps": self.steps, "running": self.running()}
+        return {**super().health(), "steps": self.steps, "running": self.running(), "eager": self.eager}
+
+    @property
+    def eager(self) -> bool | None:
+        """Whether vLLM runs without compiling (None while not resolved)."""
+        if self.enforce_eager == "auto":
+            return None
+        return self.enforce_eager in (True, "1")
 
     # --- the engine thread ---------------------------------------------------------------
     def _build_engine(self):
@@ -86,19 +88,21 @@ class VLLMWorker(EngineThread):
         # path. Must be set before vllm is imported.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_gib))
+        fence.install()
         from vllm import EngineArgs, LLMEngine
 
         from batcher.runner import pick_device, pick_dtype
 
         device = pick_device("auto")
         dtype = str(pick_dtype(self.dtype, device)).removeprefix("torch.")
+        self.enforce_eager = "1" if resolve_enforce_eager(self.enforce_eager, device) else "0"
         args = EngineArgs(
             model=self._model_path,
             dtype=dtype,
             max_num_seqs=self.max_num_seqs,
             max_model_len=self.max_model_len,
             gpu_memory_utilization=self.gpu_memory_utilization,
-            enforce_eager=self.enforce_eager,
+            enforce_eager=self.eager,
             tensor_parallel_size=self.tensor_parallel_size,
             disable_log_stats=True,
         )
@@ -108,8 +112,24 @@ class VLLMWorker(EngineThread):
         # vLLM's CPU backend probes every attribute of every imported module with hasattr(),
         # and Flask's context-local proxies raise outside a context; the caller passes one.
         # Built here, in the thread that steps it, since OpenMP binds threads per thread.
-        with self._context(), self.model_lock:
-            self.engine = self._build_engine()
+        # Static rounds go on meanwhile, except while vLLM patches torch process-wide (fence.py).
+        import torch._dynamo
+
+        me = threading.current_thread()
+
+        def on_compile_start(args) -> None:
+            if threading.current_thread() is me and self.phase == "loading":
+                self._enter_phase("compiling")
+
+        torch._dynamo.callback_handler.register_start_callback(on_compile_start)
+        held_before = fence.stats.seconds
+        try:
+            with self._context():
+                self.engine = self._build_engine()
+        finally:
+            torch._dynamo.callback_handler.remove_start_callback(on_compile_start)
+        log.info("vLLM held the static engine's fence for %.1fs in all", fence.stats.seconds - held_before)
+        _log_compile_cache()
 
     def _serve(self) -> None:
         while not self._stopping.is_set():
@@ -209,3 +229,26 @@ class VLLMWorker(EngineThread):
             self._forget(seq)
             seq.fail(stop)
         self._fail_waiting("the vLLM engine shut down before this prompt ran")
+
+
+def resolve_enforce_eager(value: str | bool, device: str) -> bool:
+    """VLLM_ENFORCE_EAGER: auto is eager on CPU (there the compiled bf16 model answered further
+    from fp32 and started slower, for ~15% more decode speed; see README), compiled on GPU."""
+    if value == "auto":
+        return device == "cpu"
+    return value in (True, "1")
+
+
+def _log_compile_cache() -> None:
+    """Whether this start compiled or loaded from the persistent cache. On CPU vLLM hands the
+    model to stock torch.compile (Inductor): its cache counters are the ones that tell."""
+    from torch._dynamo.utils import counters
+
+    inductor, aot = counters["inductor"], counters["aot_autograd"]
+    log.info(
+        "compile cache: Inductor graphs %d loaded, %d compiled; AOTAutograd %d loaded, %d traced",
+        inductor["fxgraph_cache_hit"],
+        inductor["fxgraph_cache_miss"],
+        aot["autograd_cache_hit"],
+        aot["autograd_cache_miss"],
+    )

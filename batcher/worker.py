@@ -8,10 +8,10 @@ it came from, so request boundaries do not matter: (A,B) and (C,D,E) run as [A,B
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 
+from batcher import fence
 from batcher.engine import EngineThread
 from batcher.errors import RoundFailed, ShuttingDown
 from batcher.metrics import Metrics
@@ -32,7 +32,6 @@ class ModelWorker(EngineThread):
         batch_wait_ms: float = 0.0,
         max_queue: int = 256,
         torch_threads: int = 0,
-        model_lock: threading.Lock | None = None,
         metrics: Metrics | None = None,
     ):
         super().__init__(max_queue=max_queue, metrics=metrics)
@@ -40,8 +39,6 @@ class ModelWorker(EngineThread):
         self.batch_size = batch_size
         self.batch_wait_s = batch_wait_ms / 1000
         self.torch_threads = torch_threads
-        # Held around each round; see VLLMWorker: its compiler patches torch process-wide.
-        self.model_lock = model_lock or threading.Lock()
         self.metrics.queue_depth.set_function(self.workload.qsize)
         self.metrics.inflight.set_function(self.inflight)
         self.runner: Runner | None = None
@@ -56,7 +53,9 @@ class ModelWorker(EngineThread):
 
     # --- the model thread ----------------------------------------------------------------
     def _load(self) -> None:
-        self.runner = self._load_runner()
+        # transformers sets torch's default dtype while it builds the model, as vLLM does: fenced
+        with fence.static_round():
+            self.runner = self._load_runner()
 
     def _serve(self) -> None:
         while not self._stopping.is_set():
@@ -80,7 +79,7 @@ class ModelWorker(EngineThread):
         try:
             inputs = self.runner.encode([s.prompt for s in batch])
             shape = inputs["input_ids"].shape  # [B, S]
-            with self.model_lock:
+            with fence.static_round():  # waits only while vLLM patches torch process-wide
                 for seq in batch:
                     seq.start(round_no, len(batch), tuple(shape))
                 results = self.runner.generate(batch, inputs)

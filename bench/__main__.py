@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 
-from bench import measure, report
+from bench import fidelity, measure, report, startup
 from bench.server import Server
 from service.config import Config
 
@@ -54,6 +54,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-vllm", action="store_true", help="start the service with VLLM_ENABLED=0 (fast)")
     p.add_argument("--no-offline", action="store_true", help="skip the offline vLLM LLM.generate() baseline")
     p.add_argument("--no-direct", action="store_true", help="skip the direct model.generate() baseline")
+    p.add_argument("--no-fidelity", action="store_true", help="skip the fidelity table (bench.fidelity)")
+    p.add_argument("--no-startup", action="store_true", help="skip cold and warm start-up times (bench.startup)")
     p.add_argument("--ready-timeout", type=float, default=300, help="seconds to wait for the engines (default 300)")
     p.add_argument("--out", type=Path, default=RESULTS, help="where the JSON and PNG go (default bench/results)")
     args = p.parse_args(argv)
@@ -162,6 +164,10 @@ def main(argv: list[str] | None = None) -> int:
         baseline_phase(args, res, log_path)
         if not args.no_sweep:
             sweep_phase(args, res, log_path)
+        if not args.no_fidelity:
+            res["fidelity"] = fidelity.measure_all(log_path)
+        if not args.no_startup and not args.url:
+            res["startup"] = startup.cold_and_warm({}, log_path)
     except (OSError, RuntimeError) as exc:  # requests' errors and TimeoutError are OSErrors
         print(f"bench failed: {exc}\n(service log: {log_path})", file=sys.stderr)
         return 1
@@ -171,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     json_path, png_path = report.write(res, args.out)
     print()
     report.print_report(res)
+    for title, key, table in (("Fidelity", "fidelity", fidelity.table), ("Start-up", "startup", startup.table)):
+        if res.get(key):
+            print(f"\n### {title}\n\n" + "\n".join(table(res[key])))
     also = f" and {png_path}" if png_path else ""
     print(f"\nwrote {json_path}{also} (copied to latest.*); {res['elapsed_s']:.0f} s in all")
     return 0

@@ -167,9 +167,13 @@ def _offline(spec: dict, config: Config) -> dict:
     from vllm import LLM, SamplingParams
 
     from batcher.checkpoint import resolve_model
+    from batcher.compile_cache import use_compile_cache
     from batcher.runner import pick_device, pick_dtype
+    from batcher.vllm_worker import resolve_enforce_eager
 
-    dtype = str(pick_dtype(config.dtype, pick_device("auto"))).removeprefix("torch.")
+    device = pick_device("auto")
+    use_compile_cache(config.compile_cache_dir, device)  # as the service
+    dtype = str(pick_dtype(config.dtype, device)).removeprefix("torch.")
     started = time.perf_counter()
     llm = LLM(
         model=resolve_model(config.model, config.cache_dir),
@@ -177,7 +181,7 @@ def _offline(spec: dict, config: Config) -> dict:
         max_model_len=config.vllm_max_model_len,
         max_num_seqs=config.vllm_max_num_seqs,
         gpu_memory_utilization=config.vllm_gpu_memory_utilization,
-        enforce_eager=config.vllm_enforce_eager,
+        enforce_eager=resolve_enforce_eager(config.vllm_enforce_eager, device),
     )
     load_seconds = time.perf_counter() - started
     params = SamplingParams(max_tokens=spec["max_tokens"], temperature=0, ignore_eos=True)

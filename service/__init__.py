@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
 import time
 
 from flask import Flask, g, request
 from transformers import AutoTokenizer
 
 from batcher.checkpoint import resolve_model
+from batcher.compile_cache import use_compile_cache
 from batcher.metrics import Metrics
-from batcher.runner import Runner
+from batcher.runner import Runner, pick_device
 from batcher.vllm_worker import VLLMWorker
 from batcher.worker import ModelWorker
 from service import continuous, errors, openai_api, ops, static
@@ -37,7 +37,7 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
     # Once, before any engine thread starts: two threads resolving at once would each convert
     # the default model on a first run. A no-op once `make setup` has converted it.
     path = resolve_model(config.model, config.cache_dir)
-    model_lock = threading.Lock()  # static rounds wait while vLLM compiles (see VLLMWorker)
+    use_compile_cache(config.compile_cache_dir, pick_device("auto"))  # before anything compiles
 
     def load_runner() -> Runner:
         return Runner(path, dtype=config.dtype, device=config.device, max_input_tokens=config.max_input_tokens)
@@ -48,7 +48,6 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
         batch_wait_ms=config.batch_wait_ms,
         max_queue=config.max_queue,
         torch_threads=config.torch_threads,
-        model_lock=model_lock,
         metrics=metrics,
     )
     vllm_engine = VLLMWorker(
@@ -64,7 +63,6 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
         tensor_parallel_size=config.vllm_tensor_parallel_size,
         enabled=config.vllm_enabled,
         context=app.test_request_context,
-        model_lock=model_lock,
         metrics=metrics,
     )
     app.extensions["engines"] = {"static": static_engine, "vllm": vllm_engine}

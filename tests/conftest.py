@@ -42,11 +42,19 @@ def app():
     config = Config.from_env(vllm_enabled=True, dtype="float32", max_prompts_per_request=16, max_body_bytes=64 * 1024)
     app = create_app(config)
     assert app.extensions["engines"]["static"].wait_ready(120), app.extensions["engines"]["static"].health()
-    # Static rounds wait while vLLM compiles (the model lock): wait for it here, once, rather than
-    # inside the first test's request deadline, which a slow compile on a busy machine outlasts.
-    app.extensions["engines"]["vllm"].wait_ready(600)
+    app.config["FIRST_STATIC_ANSWER"] = _first_static_answer(app)
     yield app
     shutdown(app)
+
+
+def _first_static_answer(app) -> dict:
+    """A /generate sent as soon as the static engine is ready, while vLLM is still starting (it
+    takes 15-60 s more): what it answered and vLLM's state at that moment. Recorded here, at the
+    real start of the session's app, for test_startup.py."""
+    vllm = app.extensions["engines"]["vllm"]
+    phase_before = vllm.phase
+    reply = app.test_client().post("/generate", json={"prompts": ["The capital of France is"], "max_tokens": 4})
+    return {"status": reply.status_code, "json": reply.json, "vllm_before": phase_before, "vllm_after": vllm.phase}
 
 
 @pytest.fixture

