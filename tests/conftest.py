@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
+from batcher import fence
 from batcher.checkpoint import resolve_model
 from batcher.runner import Runner
 from service import create_app, shutdown
@@ -88,17 +89,17 @@ def short_timeout(app):
 
 @pytest.fixture
 def held_rounds(app):
-    """The static engine's model lock, held by the test: a round that was taken waits on it, and
-    what arrives meanwhile queues up, until the test lets go (the lock vLLM holds while it compiles,
-    so this may first wait for that)."""
-    engine = app.extensions["engines"]["static"]
-    assert engine.model_lock.acquire(timeout=600)
+    """The fence the static engine takes around each round's model calls (batcher/fence.py), held
+    by the test: a round that was taken waits on it, and what arrives meanwhile queues up, until
+    the test lets go (if vLLM is tracing its model just then, this first waits for that)."""
+    lock = fence.static_round()
+    assert lock.acquire(timeout=600)
     released = threading.Event()
 
     def release():
         if not released.is_set():
             released.set()
-            engine.model_lock.release()
+            lock.release()
 
     yield release
     release()
