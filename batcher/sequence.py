@@ -66,6 +66,8 @@ class Sequence:
     started_at: float | None = None
     finished_at: float | None = None
     done: threading.Event = field(default_factory=threading.Event, repr=False)
+    # set when the engine takes it into a round or step, or resolves it without running it
+    entered: threading.Event = field(default_factory=threading.Event, repr=False)
     # streamed text pieces, then None at the end; only for stream=True
     deltas: queue.SimpleQueue | None = field(default=None, repr=False)
     _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -87,6 +89,7 @@ class Sequence:
         self.status = Status.RUNNING
         self.started_at = time.monotonic()
         self.round, self.batch_size, self.batch_shape = round_no, batch_size, shape
+        self.entered.set()
 
     def emit(self, delta: str) -> None:
         if delta and self.deltas is not None:
@@ -107,6 +110,7 @@ class Sequence:
         self.finished_at = time.monotonic()
         if self.deltas is not None:
             self.deltas.put(None)
+        self.entered.set()
         self.done.set()
 
     @property

@@ -14,7 +14,7 @@ from batcher.metrics import Metrics
 from batcher.runner import Runner
 from batcher.vllm_worker import VLLMWorker
 from batcher.worker import ModelWorker
-from service import continuous, errors, ops, static
+from service import continuous, errors, ops, page, static
 from service.config import Config
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
     app.extensions["engines"] = {"static": static_engine, "vllm": vllm_engine}
     app.extensions["metrics"] = metrics
 
-    for blueprint in (static.bp, continuous.bp, ops.bp):
+    for blueprint in (static.bp, continuous.bp, ops.bp, page.bp):
         app.register_blueprint(blueprint)
     errors.register(app)
     _observe_requests(app, metrics)

@@ -88,6 +88,9 @@ def reply(seqs: list[Sequence], req: GenerateRequest, *, single: bool = False) -
     return response
 
 
+_START_DETAILS = ("sequence_id", "round", "batch_size", "batch_shape", "queue_ms")
+
+
 def _event(payload: dict) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
@@ -97,6 +100,8 @@ def stream(eng: Engine, req: GenerateRequest) -> Response:
 
     We wait for the first piece before answering, so that an error before the first token is
     a plain JSON error with its status code; after it, an error is the stream's last event.
+    With `details`, the first event tells the round (or vLLM step) the sequence entered, its
+    batch and its queue time, sent as it enters; an error in that round is then the last event.
     """
     seq = Sequence(req.prompts[0], req.params, stream=True)
     eng.submit([seq])
@@ -110,13 +115,22 @@ def stream(eng: Engine, req: GenerateRequest) -> Response:
             seq.cancel()
             raise DeadlineExceeded(f"request took longer than {timeout:g}s") from None
 
-    first = next_piece()
-    if first is None:
-        _raise_first_error([seq])
+    if req.details:  # answer when the sequence enters its round or step, before its first token
+        if not seq.entered.wait(max(0.0, deadline - time.monotonic())):
+            seq.cancel()
+            raise DeadlineExceeded(f"request took longer than {timeout:g}s")
+        if seq.started_at is None:  # resolved without running: a plain JSON error, as below
+            _raise_first_error([seq])
+        head, first = [_event({k: v for k, v in detail(seq).items() if k in _START_DETAILS})], None
+    else:
+        head, first = [], next_piece()
+        if first is None:
+            _raise_first_error([seq])
 
     def events() -> Iterator[str]:
         try:
-            piece = first
+            yield from head
+            piece = next_piece() if head else first
             while piece is not None:
                 yield _event({"token": piece, "sequence_id": seq.id})
                 piece = next_piece()

@@ -83,3 +83,23 @@ def test_an_error_after_the_first_token_is_the_streams_last_event(static_only_ap
     assert rest[-1]["sequence_id"] == first["sequence_id"]
     assert len([e for e in rest if "token" in e]) < 399
     r.close()
+
+
+@pytest.mark.parametrize(
+    "path, plain_path", [("/generate_stream", "/generate"), ("/generate_vllm_stream", "/generate_vllm")]
+)
+def test_details_send_a_first_event_with_the_round_before_the_first_token(vllm_client, path, plain_path):
+    prompt = "The capital of France is"
+    evts = events(post(vllm_client, path, {"prompt": prompt, "max_tokens": 6, "details": True}))
+    head, tokens = evts[0], [e for e in evts if "token" in e]
+    assert set(head) == {"sequence_id", "round", "batch_size", "batch_shape", "queue_ms"}
+    assert "token" not in head and head["sequence_id"] == evts[-1]["sequence_id"] and evts[-1]["done"] is True
+    assert head["batch_size"] >= 1 and head["queue_ms"] >= 0
+    if path == "/generate_stream":
+        assert isinstance(head["round"], int) and head["batch_shape"][0] == head["batch_size"]
+    else:
+        assert head["round"].startswith("step-") and head["batch_shape"] is None
+    plain = post(vllm_client, plain_path, {"prompts": [prompt], "max_tokens": 6}).json["generated_texts"][0]
+    assert streamed_text(tokens) == plain  # the details event adds no text
+    plain_evts = events(post(vllm_client, path, {"prompt": prompt, "max_tokens": 6}))
+    assert "token" in plain_evts[0]  # without details the stream is unchanged
