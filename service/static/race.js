@@ -181,9 +181,11 @@
       this.section.hidden = false;
       this.rowsEl.replaceChildren();
       this.rowsEl.style.setProperty("--row", `${this.rowHeight}px`);
-      this.rowsEl.classList.toggle("dense", this.rowHeight < 10);
+      this.rowsEl.classList.toggle("dense", this.rowHeight < 9);
       this.section.querySelector(".error-note")?.remove();
-      this.groups = new Map(); // round or step -> count
+      this.groups = new Map(); // round or step -> prompts of this race in it
+      this.sizes = new Map(); // static round -> its batch size
+      this.firstOfRound = new Map();
       this.baseRound = null;
       this.done = this.errors = this.tokens = 0;
       this.t0 = null;
@@ -235,7 +237,8 @@
       } else if (ev.done) {
         this.finish_row(row, t, ev);
       } else if ("round" in ev) {
-        this.enter(row, t, ev);
+        // the server's queue time says when it entered; the event itself may be a little later
+        this.enter(row, Math.min(t, row.sent + ev.queue_ms), ev);
       }
       this.dirty = true;
     }
@@ -253,15 +256,14 @@
       this.groups.set(number, (this.groups.get(number) || 0) + 1);
       if (isStep) return; // vLLM rows stay in prompt order, marked with the step they joined
       this.baseRound ??= number;
-      const slot = (number - this.baseRound) * 100000;
-      row.el.style.order = slot + row.index;
+      row.el.style.order = (number - this.baseRound) * 100000 + row.index; // grouped by round
       row.el.style.setProperty("--hue", hue(number));
-      if (this.groups.get(number) === 1) { // the first of its round: a group heading
-        const heading = el("div", "round-label", { "--hue": hue(number) });
-        heading.style.order = slot - 1;
-        const shape = detail.batch_shape ? ` · batch shape [${detail.batch_shape.join(", ")}]` : "";
-        heading.textContent = `round ${number} · ${detail.batch_size} prompt${detail.batch_size === 1 ? "" : "s"}${shape}`;
-        this.rowsEl.append(heading);
+      this.sizes.set(number, detail.batch_size);
+      const first = this.firstOfRound.get(number); // the group's top row gets the gap above it
+      if (!first || first.index > row.index) {
+        first?.el.classList.remove("first-of-round");
+        row.el.classList.add("first-of-round");
+        this.firstOfRound.set(number, row);
       }
     }
 
@@ -332,6 +334,7 @@
         ["latency p50/p99", `${ms(percentile(s.latency, 50))} / ${ms(percentile(s.latency, 99))}`],
         [unit, this.groups.size],
       ];
+      if (this.sizes.size) items.push(["batch sizes", [...this.sizes.values()].join(" · ")]);
       if (this.errors) items.push(["errors", this.errors]);
       this.counters.replaceChildren(...items.map(([k, v]) => {
         const div = el("div");
@@ -382,9 +385,10 @@
   }
 
   function rowHeight(n, laneCount) {
-    const top = raceEl.getBoundingClientRect().top + window.scrollY;
-    const room = Math.max(160, (window.innerHeight - top - 40) / laneCount - 58);
-    return Math.max(3, Math.min(16, Math.floor(room / (n * 1.3))));
+    // fit every lane in the window where it can; below 9 px rows drop their labels
+    const top = raceEl.getBoundingClientRect().top + window.scrollY + 28; // after the verdict line
+    const room = Math.max(120, (window.innerHeight - top - 8) / laneCount - 46);
+    return Math.max(3, Math.min(16, Math.floor(room / n)));
   }
 
   async function readEvents(response, onEvent) {
@@ -442,19 +446,21 @@
     lane.finish();
   }
 
+  const count = (k, word) => `${k} ${word}${k === 1 ? "" : "s"}`;
+
   function closingLine(c) {
-    const n = c.n;
+    const n = count(c.n, "prompt");
     const parts = [];
     const ok = lanes.filter((lane) => !lane.failure);
     if (ok.length === 2) {
       const [a, b] = [...ok].sort((x, y) => x.now() - y.now());
       const ratio = b.now() / Math.max(a.now(), 1);
-      parts.push(`${ENGINE_NAMES[a.engine]} finished ${n} prompts ${ratio.toFixed(1)}x sooner`
+      parts.push(`${ENGINE_NAMES[a.engine]} finished ${n} ${ratio.toFixed(1)}x sooner`
         + ` (${ms(a.now())} against ${ms(b.now())}, ${c.order === "together" ? "at once" : "one after the other"}).`);
     } else {
       for (const lane of ok) {
-        const unit = lane.engine === "static" ? "rounds" : "join steps";
-        parts.push(`${ENGINE_NAMES[lane.engine]} finished ${n} prompts in ${ms(lane.now())} (${lane.groups.size} ${unit}).`);
+        const unit = count(lane.groups.size, lane.engine === "static" ? "round" : "join step");
+        parts.push(`${ENGINE_NAMES[lane.engine]} finished ${n} in ${ms(lane.now())} (${unit}).`);
       }
     }
     for (const lane of lanes) if (lane.failure) parts.push(`${ENGINE_NAMES[lane.engine]}: ${lane.failure}`);
@@ -485,7 +491,7 @@
       if (c.order === "together") await Promise.all(lanes.map((lane) => runLane(lane, c)));
       else for (const lane of lanes) await runLane(lane, c);
     } finally {
-      for (const lane of lanes) lane.render();
+      tick(); // the final scale and counters
       verdict.className = "final";
       verdict.textContent = closingLine(c);
       runButton.disabled = false;
