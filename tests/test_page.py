@@ -5,6 +5,7 @@ Manager never runs."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from unittest import mock
 
@@ -154,6 +155,33 @@ def test_the_controls_are_reachable_by_keyboard_and_run_a_race(server, browser):
     wait_for_state(browser, "done")
     assert [r.get_attribute("data-state") for r in rows(browser, "static")] == ["done"] * 4
     assert "max_tokens=2" in browser.current_url
+
+
+def static_tokens(server) -> float:
+    text = requests.get(f"{server.url}/metrics", timeout=30).text
+    return float(re.search(r'^generated_tokens_total\{engine="static"\} (\S+)$', text, re.M).group(1))
+
+
+def test_stop_ends_the_race_and_the_service_drops_its_prompts(server, browser):
+    from selenium.webdriver.common.by import By
+
+    before = static_tokens(server)
+    browser.get(server.url + "/?n=8&engines=static&max_tokens=500&ignore_eos=1&run=1")
+    wait_until(
+        lambda: browser.execute_script("return document.querySelectorAll('[data-engine=static] .track b').length") > 0,
+        120,
+        "a first token",
+    )
+    browser.find_element(By.ID, "stop").click()
+    wait_for_state(browser, "done", 60)
+    assert "stopped" in browser.find_element(By.ID, "verdict").text
+    wait_until(
+        lambda: server.engine("static").get("inflight") == 0 and server.engine("static").get("queued") == 0,
+        300,
+        "the service to drop the race's prompts",
+    )
+    # both rounds were cut short: the running one at its next step, the waiting one as it began
+    assert static_tokens(server) - before < 8 * 500 / 2
 
 
 @pytest.fixture(scope="module")

@@ -150,7 +150,7 @@
   function niceScale(t) {
     const target = Math.max(500, t * 1.08);
     const power = 10 ** Math.floor(Math.log10(target));
-    for (const step of [1, 2, 2.5, 5, 10]) if (step * power >= target) return step * power;
+    for (const step of [1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10]) if (step * power >= target) return step * power;
     return 10 * power;
   }
 
