@@ -154,6 +154,16 @@
     return 10 * power;
   }
 
+  function runs(values) { // [1, 4, 4, 4, 3] -> "1 · 4×3 · 3"
+    const out = [];
+    for (const v of values) {
+      const last = out.at(-1);
+      if (last && last[0] === v) last[1] += 1;
+      else out.push([v, 1]);
+    }
+    return out.map(([v, k]) => (k > 1 ? `${v}×${k}` : `${v}`)).join(" · ");
+  }
+
   function hue(round) {
     return (Number(round) * 67) % 360;
   }
@@ -334,7 +344,7 @@
         ["latency p50/p99", `${ms(percentile(s.latency, 50))} / ${ms(percentile(s.latency, 99))}`],
         [unit, this.groups.size],
       ];
-      if (this.sizes.size) items.push(["batch sizes", [...this.sizes.values()].join(" · ")]);
+      if (this.sizes.size) items.push(["batch sizes", runs([...this.sizes.values()])]);
       if (this.errors) items.push(["errors", this.errors]);
       this.counters.replaceChildren(...items.map(([k, v]) => {
         const div = el("div");
