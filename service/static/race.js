@@ -344,7 +344,10 @@
         ["latency p50/p99", `${ms(percentile(s.latency, 50))} / ${ms(percentile(s.latency, 99))}`],
         [unit, this.groups.size],
       ];
-      if (this.sizes.size) items.push(["batch sizes", runs([...this.sizes.values()])]);
+      if (this.sizes.size) {
+        const sizes = [...this.sizes].sort((a, b) => a[0] - b[0]).map(([, size]) => size); // by round
+        items.push(["batch sizes", runs(sizes)]);
+      }
       if (this.errors) items.push(["errors", this.errors]);
       this.counters.replaceChildren(...items.map(([k, v]) => {
         const div = el("div");
