@@ -33,17 +33,18 @@ def race():
     """Body: {"engine": "static"|"vllm", "mode": "concurrent"|"batch", "prompts": [...],
     "max_tokens"?, "ignore_eos"?}. Server-sent events, one per event of each prompt's reply."""
     req = schema.from_request()  # prompts, max_tokens, ignore_eos: the generate routes' own checks
-    body = request.get_json()
+    body = request.get_json(force=True)  # parsed above already (cached); any Content-Type, as there
     engine, mode = body.get("engine"), body.get("mode", "concurrent")
-    if engine not in PATHS:
+    if not isinstance(engine, str) or engine not in PATHS:
         raise InvalidRequest(f"'engine' must be one of {sorted(PATHS)}, got {engine!r}")
-    if mode not in MODES:
+    if not isinstance(mode, str) or mode not in MODES:
         raise InvalidRequest(f"'mode' must be one of {list(MODES)}, got {mode!r}")
     eng = completion.engine(engine)
     if eng.status != "ready":
         raise NotReady(f"the {engine} engine is not ready ({eng.status})")
     params = {"max_tokens": req.params.max_tokens, "ignore_eos": req.params.ignore_eos}
-    headers = {"Authorization": request.headers["Authorization"]} if "Authorization" in request.headers else {}
-    feed = Race(current_app._get_current_object(), engine, mode, req.prompts, params, headers)
+    # the caller's credentials go with each prompt, so the generate routes' own auth applies
+    auth = {"Authorization": request.headers["Authorization"]} if "Authorization" in request.headers else {}
+    feed = Race(current_app._get_current_object(), engine, mode, req.prompts, params, auth)
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return Response(stream_with_context(iter(feed)), mimetype="text/event-stream", headers=headers)

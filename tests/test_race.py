@@ -43,6 +43,8 @@ def test_the_page_is_served_with_its_controls_and_nothing_from_outside(client):
     [
         ({"engine": "gpu", "prompts": ["a"]}, 422),
         ({"engine": "static", "mode": "sideways", "prompts": ["a"]}, 422),
+        ({"engine": ["static"], "prompts": ["a"]}, 422),
+        ({"engine": "static", "mode": {}, "prompts": ["a"]}, 422),
         ({"engine": "static", "prompts": "a"}, 422),
         ({"engine": "static", "prompts": ["a"], "max_tokens": 0}, 422),
         ({"engine": "static", "prompts": ["a"] * 17}, 413),
