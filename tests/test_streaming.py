@@ -55,9 +55,10 @@ def test_two_concurrent_streams_keep_their_own_texts_and_ids(vllm_app, path):
     assert got[0][0]["sequence_id"] != got[1][0]["sequence_id"]
 
 
-def test_an_error_before_the_first_token_is_a_plain_json_error(client, short_timeout):
+@pytest.mark.parametrize("details", [False, True])
+def test_an_error_before_the_first_token_is_a_plain_json_error(client, short_timeout, details):
     short_timeout(0.000001)
-    r = post(client, "/generate_stream", {"prompt": "Hello", "max_tokens": 50})
+    r = post(client, "/generate_stream", {"prompt": "Hello", "max_tokens": 50, "details": details})
     assert r.status_code == 504 and r.json["type"] == "deadline_exceeded"
 
 
