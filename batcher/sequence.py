@@ -70,6 +70,8 @@ class Sequence:
     started_at: float | None = None
     finished_at: float | None = None
     done: threading.Event = field(default_factory=threading.Event, repr=False)
+    # set when the engine takes it into a round or step, or resolves it without running it
+    entered: threading.Event = field(default_factory=threading.Event, repr=False)
     _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
 
     @property
@@ -89,6 +91,7 @@ class Sequence:
         self.status = Status.RUNNING
         self.started_at = time.monotonic()
         self.round, self.batch_size, self.batch_shape = round_no, batch_size, shape
+        self.entered.set()
 
     def emit(self, delta: str) -> None:
         if delta and self.pieces is not None:
@@ -109,6 +112,7 @@ class Sequence:
         self.finished_at = time.monotonic()
         if self.pieces is not None:
             self.pieces.put((self, None))
+        self.entered.set()
         self.done.set()
 
     @property

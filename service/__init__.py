@@ -15,7 +15,7 @@ from batcher.metrics import Metrics
 from batcher.runner import Runner, pick_device
 from batcher.vllm_worker import VLLMWorker
 from batcher.worker import ModelWorker
-from service import continuous, errors, openai_api, ops, static
+from service import continuous, errors, openai_api, ops, page, static
 from service.config import Config
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
     app.extensions["tokenizer"] = functools.cache(lambda: AutoTokenizer.from_pretrained(path))
     app.config["STARTED_AT"] = int(time.time())
 
-    for blueprint in (static.bp, continuous.bp, ops.bp):
+    for blueprint in (static.bp, continuous.bp, ops.bp, page.bp):
         app.register_blueprint(blueprint)
     openai_api.register(app)
     errors.register(app)

@@ -65,19 +65,31 @@ class Pieces:
 
     The constructor submits and waits for the first piece, so that an error before it (queue
     full, engine down, deadline, a failed first round) raises in the view and becomes a plain
-    HTTP error with its status code. After that, a deadline raises `DeadlineExceeded` from the
-    iteration. `close()` cancels whatever still runs: call it when the client is gone.
+    HTTP error with its status code (with `until_entered`, only until the sequence entered its
+    round). After that, a deadline raises `DeadlineExceeded` from the iteration. `close()`
+    cancels whatever still runs: call it when the client is gone.
     """
 
-    def __init__(self, eng: Engine, prompts: list[str], params: SamplingParams):
+    def __init__(self, eng: Engine, prompts: list[str], params: SamplingParams, *, until_entered: bool = False):
+        """`until_entered`: answer as soon as the (first) sequence enters its round or step, not at
+        its first piece, so that a details event can go first; an error before that point still
+        raises here."""
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self.seqs = [Sequence(prompt, params, pieces=self._queue) for prompt in prompts]
         eng.submit(self.seqs)
         self._deadline = time.monotonic() + _timeout()
         self._timeout_error = _deadline_exceeded()
-        self._first = self._next()
-        seq, text = self._first
-        if text is None and seq.error is not None:
+        if until_entered:
+            seq, self._first = self.seqs[0], None
+            if not seq.entered.wait(max(0.0, self._deadline - time.monotonic())):
+                self.close()
+                raise self._timeout_error
+            failed = seq.started_at is None and seq.error is not None  # resolved without running
+        else:
+            self._first = self._next()
+            seq = self._first[0]
+            failed = self._first[1] is None and seq.error is not None
+        if failed:
             self.close()
             raise seq.error
 
@@ -89,7 +101,7 @@ class Pieces:
             raise self._timeout_error from None
 
     def __iter__(self) -> Iterator[tuple[Sequence, str | None]]:
-        piece, open_ = self._first, len(self.seqs)
+        piece, open_ = self._first or self._next(), len(self.seqs)
         while True:
             yield piece
             if piece[1] is None:
@@ -149,8 +161,13 @@ def reply(seqs: list[Sequence], req: GenerateRequest, *, single: bool = False) -
     return response
 
 
-def demo_events(pieces: Pieces) -> Iterator[str]:
-    """One `data:` event per piece of text, then one with the finish reason (or the error)."""
+START_DETAILS = ("sequence_id", "round", "batch_size", "batch_shape", "queue_ms")
+
+
+def demo_events(pieces: Pieces, *, details: bool = False) -> Iterator[str]:
+    """One `data:` event per piece of text, then one with the finish reason (or the error).
+    `details`: first an event with the round (or vLLM step) the sequence entered, its batch and
+    its queue time (the race page draws rounds with it)."""
 
     def failed(seq: Sequence, exc: BaseException) -> str:
         status, type_ = describe(exc)
@@ -158,6 +175,8 @@ def demo_events(pieces: Pieces) -> Iterator[str]:
 
     seq = pieces.seqs[0]
     try:
+        if details:
+            yield event({key: value for key, value in detail(seq).items() if key in START_DETAILS})
         for seq, text in pieces:
             if text is not None:
                 yield event({"token": text, "sequence_id": seq.id})
@@ -174,4 +193,5 @@ def demo_events(pieces: Pieces) -> Iterator[str]:
 
 
 def stream(eng: Engine, req: GenerateRequest) -> Response:
-    return sse(demo_events(Pieces(eng, req.prompts[:1], req.params)))
+    pieces = Pieces(eng, req.prompts[:1], req.params, until_entered=req.details)
+    return sse(demo_events(pieces, details=req.details))

@@ -56,9 +56,10 @@ def test_two_concurrent_streams_keep_their_own_texts_and_ids(vllm_app, path):
     assert got[0][0]["sequence_id"] != got[1][0]["sequence_id"]
 
 
-def test_an_error_before_the_first_token_is_a_plain_json_error(app, client, short_timeout, held_rounds):
+@pytest.mark.parametrize("details", [False, True])
+def test_an_error_before_the_first_token_is_a_plain_json_error(app, client, short_timeout, held_rounds, details):
     short_timeout(0.5)  # the round is held until the test releases it: no token can come first
-    r = post(client, "/generate_stream", {"prompt": "Hello", "max_tokens": 50})
+    r = post(client, "/generate_stream", {"prompt": "Hello", "max_tokens": 50, "details": details})
     assert r.status_code == 504 and r.json["type"] == "deadline_exceeded"
     held_rounds()
     engine = app.extensions["engines"]["static"]
@@ -89,3 +90,23 @@ def test_an_error_after_the_first_token_is_the_streams_last_event(static_only_ap
     assert rest[-1]["sequence_id"] == first["sequence_id"]
     assert all("token" in e for e in rest[:-1])  # tokens, then the error, once, last
     r.close()
+
+
+@pytest.mark.parametrize(
+    "path, plain_path", [("/generate_stream", "/generate"), ("/generate_vllm_stream", "/generate_vllm")]
+)
+def test_details_send_a_first_event_with_the_round_before_the_first_token(vllm_client, path, plain_path):
+    prompt = "The capital of France is"
+    evts = events(post(vllm_client, path, {"prompt": prompt, "max_tokens": 6, "details": True}))
+    head, tokens = evts[0], [e for e in evts if "token" in e]
+    assert set(head) == {"sequence_id", "round", "batch_size", "batch_shape", "queue_ms"}
+    assert "token" not in head and head["sequence_id"] == evts[-1]["sequence_id"] and evts[-1]["done"] is True
+    assert head["batch_size"] >= 1 and head["queue_ms"] >= 0
+    if path == "/generate_stream":
+        assert isinstance(head["round"], int) and head["batch_shape"][0] == head["batch_size"]
+    else:
+        assert head["round"].startswith("step-") and head["batch_shape"] is None
+    plain = post(vllm_client, plain_path, {"prompts": [prompt], "max_tokens": 6}).json["generated_texts"][0]
+    assert streamed_text(tokens) == plain  # the details event adds no text
+    plain_evts = events(post(vllm_client, path, {"prompt": prompt, "max_tokens": 6}))
+    assert "token" in plain_evts[0]  # without details the stream is unchanged
