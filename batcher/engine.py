@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 
-from batcher.errors import NotReady, ShuttingDown
+from batcher.errors import InvalidParams, NotReady, ShuttingDown
 from batcher.metrics import Metrics
 from batcher.sequence import Sequence
 from batcher.workload import Workload
@@ -27,6 +27,7 @@ class EngineThread:
         self.status = "loading" if enabled else "disabled"  # loading -> ready | failed; -> stopped
         self.error: str | None = None if enabled else why_disabled
         self.load_seconds: float | None = None
+        self.vocab_size: int | None = None  # set by _load(): token ids a request may name
         self._ready = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._main, name=f"{self.name}-engine-thread", daemon=True)
@@ -50,8 +51,21 @@ class EngineThread:
         if self.status != "ready":
             reason = f": {self.error}" if self.error else ""
             raise NotReady(f"the {self.name} engine is not ready ({self.status}){reason}")
+        self._check_token_ids(seqs)
         self.workload.put_all(seqs)
         self.metrics.prompts.labels(self.name).inc(len(seqs))
+
+    def _check_token_ids(self, seqs: list[Sequence]) -> None:
+        """Token ids only the loaded model can judge; refused before anything is enqueued."""
+        if self.vocab_size is None:
+            return
+        for seq in seqs:
+            named = {"logit_bias": [t for t, _ in seq.params.logit_bias], "stop_token_ids": seq.params.stop_token_ids}
+            for param, ids in named.items():
+                bad = [t for t in ids if t >= self.vocab_size]
+                if bad:
+                    message = f"'{param}' names token id {bad[0]}, outside 0..{self.vocab_size - 1}"
+                    raise InvalidParams(message, param=param)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Take no more work, abandon what runs, fail what waits (503), join the thread.

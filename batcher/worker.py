@@ -54,6 +54,7 @@ class ModelWorker(EngineThread):
     # --- the model thread ----------------------------------------------------------------
     def _load(self) -> None:
         self.runner = self._load_runner()
+        self.vocab_size = self.runner.model.config.vocab_size
 
     def _serve(self) -> None:
         while not self._stopping.is_set():

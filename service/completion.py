@@ -6,6 +6,7 @@ choose the engine and shape the reply.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import queue
 import time
@@ -14,7 +15,7 @@ from typing import Protocol
 
 from flask import Response, current_app, jsonify, stream_with_context
 
-from batcher.sequence import Sequence
+from batcher.sequence import SamplingParams, Sequence
 from service.errors import DeadlineExceeded, describe, error_body
 from service.schema import GenerateRequest
 
@@ -39,9 +40,17 @@ def _raise_first_error(seqs: list[Sequence]) -> None:
             raise seq.error
 
 
+def fan_out(prompts: list[str], params: SamplingParams, n: int = 1, *, stream: bool = False) -> list[Sequence]:
+    """n sequences per prompt, grouped per prompt in order (prompt 0's n, then prompt 1's...).
+    With a seed, the i-th of a prompt's n gets seed + i, as vLLM does for its own n: n draws
+    that differ, each reproducible."""
+    per_copy = [params if params.seed is None else dataclasses.replace(params, seed=params.seed + i) for i in range(n)]
+    return [Sequence(prompt, p, stream=stream) for prompt in prompts for p in per_copy]
+
+
 def complete(eng: Engine, req: GenerateRequest) -> list[Sequence]:
-    """Run every prompt of `req` on `eng` and wait for all of them, or fail the whole request."""
-    seqs = [Sequence(prompt, req.params) for prompt in req.prompts]
+    """Run every prompt of `req` (n times each) on `eng` and wait for all, or fail the request."""
+    seqs = fan_out(req.prompts, req.params, req.n)
     if not seqs:
         return seqs
     eng.submit(seqs)
@@ -73,12 +82,28 @@ def detail(seq: Sequence) -> dict:
     }
 
 
+def logprobs(seq: Sequence) -> list[dict]:
+    """Per generated token: its text, id, logprob and the top alternatives, most likely first."""
+    return [
+        {
+            "token": r.token,
+            "token_id": r.token_id,
+            "logprob": r.logprob,
+            "top_logprobs": [{"token": text, "token_id": tid, "logprob": lp} for tid, text, lp in r.top],
+        }
+        for r in seq.logprobs
+    ]
+
+
 def reply(seqs: list[Sequence], req: GenerateRequest, *, single: bool = False) -> Response:
-    """The JSON answer, completions in prompt order (no prompt echo), with timing headers."""
+    """The JSON answer, completions in prompt order (no prompt echo; with n > 1, each prompt's n
+    in a row), a "logprobs" list per text when asked, with timing headers."""
     if single:
         body = {"generated_text": seqs[0].text}
     else:
         body = {"generated_texts": [seq.text for seq in seqs]}
+    if req.params.logprobs is not None:
+        body["logprobs"] = logprobs(seqs[0]) if single else [logprobs(seq) for seq in seqs]
     if req.details:
         body["details"] = [detail(seq) for seq in seqs]
     response = jsonify(body)
@@ -124,7 +149,10 @@ def stream(eng: Engine, req: GenerateRequest) -> Response:
                 status, type_ = describe(seq.error)
                 yield _event({"sequence_id": seq.id, **error_body(str(seq.error), type_), "status": status})
             else:
-                yield _event({"sequence_id": seq.id, "finish_reason": seq.finish_reason, "done": True})
+                last = {"sequence_id": seq.id, "finish_reason": seq.finish_reason, "done": True}
+                if req.params.logprobs is not None:
+                    last["logprobs"] = logprobs(seq)
+                yield _event(last)
         except DeadlineExceeded as exc:
             yield _event({"sequence_id": seq.id, **error_body(str(exc), exc.type), "status": exc.status})
         finally:

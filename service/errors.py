@@ -7,7 +7,7 @@ import logging
 from flask import Flask, jsonify
 from werkzeug.exceptions import HTTPException
 
-from batcher.errors import EngineError, NotReady, QueueFull, RoundFailed, ShuttingDown
+from batcher.errors import EngineError, InvalidParams, NotReady, QueueFull, RoundFailed, ShuttingDown
 
 log = logging.getLogger(__name__)
 
@@ -16,10 +16,11 @@ class ApiError(Exception):
     status = 400
     type = "bad_request"
 
-    def __init__(self, message: str, *, status: int | None = None, type: str | None = None):
+    def __init__(self, message: str, *, status: int | None = None, type: str | None = None, param: str | None = None):
         super().__init__(message)
         self.status = status or self.status
         self.type = type or self.type
+        self.param = param  # the request field at fault, where there is one
 
 
 class InvalidJson(ApiError):
@@ -40,6 +41,7 @@ class DeadlineExceeded(ApiError):
 
 # engine errors -> (status, type)
 ENGINE_STATUS: dict[type, tuple[int, str]] = {
+    InvalidParams: (422, "invalid_request"),
     QueueFull: (429, "queue_full"),
     NotReady: (503, "engine_unavailable"),
     ShuttingDown: (503, "shutting_down"),
