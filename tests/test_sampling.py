@@ -72,9 +72,11 @@ def test_a_stream_never_sends_text_of_a_stop_string(engine):
 def test_stop_token_ids_end_the_text_with_reason_stop(engine):
     reply = generate(engine, prompts=[PARIS], max_tokens=12, logprobs=0, ignore_eos=True)
     tokens = [t["token_id"] for t in reply["logprobs"][0]]
-    stopped = generate(engine, prompts=[PARIS], max_tokens=12, stop_token_ids=[tokens[3]], ignore_eos=True)
-    assert stopped["generated_texts"][0] == "".join(t["token"] for t in reply["logprobs"][0][:3])
+    at = next(i for i in range(2, len(tokens)) if tokens[i] not in tokens[:i])  # its first appearance
+    stopped = generate(engine, prompts=[PARIS], max_tokens=12, stop_token_ids=[tokens[at]], ignore_eos=True, logprobs=0)
+    assert stopped["generated_texts"][0] == "".join(t["token"] for t in reply["logprobs"][0][:at])
     assert stopped["details"][0]["finish_reason"] == "stop"
+    assert len(stopped["logprobs"][0]) == at  # the stop token has no text, and no record
 
 
 # --- n -----------------------------------------------------------------------------------------
