@@ -117,3 +117,16 @@ def parse_sampling(body: dict, config: Config, *, default_temperature: float) ->
 def parse_n(body: dict, config: Config) -> int:
     """Completions per prompt: 1..MAX_N, default 1."""
     return _int(body, "n", 1, lambda v: 1 <= v <= config.max_n, f"in 1..{config.max_n}")
+
+
+def chat_logprobs(body: dict) -> dict:
+    """Chat's `logprobs: true` + `top_logprobs: k` as the one `logprobs: k` field that
+    `parse_sampling` reads (a copy of `body`); `top_logprobs` without `logprobs: true` is refused."""
+    wanted, top = body.get("logprobs"), body.get("top_logprobs")
+    if wanted is not None and not isinstance(wanted, bool):
+        raise InvalidRequest("'logprobs' must be true or false", param="logprobs")
+    if top is not None and not wanted:
+        raise InvalidRequest("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    if top is not None:
+        _int(body, "top_logprobs", None, lambda v: 0 <= v <= MAX_LOGPROBS, f"in 0..{MAX_LOGPROBS}")
+    return {**body, "logprobs": (top or 0) if wanted else None}

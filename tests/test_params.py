@@ -6,7 +6,7 @@ from batcher.sequence import SamplingParams
 from batcher.stops import find_stop, held_back
 from service.config import Config
 from service.errors import InvalidRequest
-from service.params import parse_n, parse_sampling
+from service.params import chat_logprobs, parse_n, parse_sampling
 
 CONFIG = Config()
 
@@ -97,3 +97,16 @@ def test_held_back_keeps_the_longest_tail_that_may_start_a_stop_string():
     assert held_back("The end is ne", ()) == 0
     assert held_back("The end", ("end.",)) == 3
     assert held_back("abc", ("xyz",)) == 0
+
+
+def test_chat_logprobs_map_onto_the_one_logprobs_field():
+    assert parse(chat_logprobs({"logprobs": True, "top_logprobs": 2})).logprobs == 2
+    assert parse(chat_logprobs({"logprobs": True})).logprobs == 0
+    assert parse(chat_logprobs({"logprobs": False})).logprobs is None
+    assert parse(chat_logprobs({})).logprobs is None
+    for body, param in (({"top_logprobs": 2}, "top_logprobs"), ({"logprobs": 3}, "logprobs")):
+        with pytest.raises(InvalidRequest) as caught:
+            chat_logprobs(body)
+        assert caught.value.param == param
+    with pytest.raises(InvalidRequest):
+        chat_logprobs({"logprobs": True, "top_logprobs": 6})
