@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 
-from batcher.errors import NotReady, ShuttingDown
+from batcher.errors import InvalidParams, NotReady, ShuttingDown
 from batcher.metrics import Metrics
 from batcher.sequence import Sequence
 from batcher.workload import Workload
@@ -31,6 +31,7 @@ class EngineThread:
         self.phase = "loading" if enabled else "disabled"
         self.phase_seconds: dict[str, float] = {}
         self._phase_started = time.perf_counter()
+        self.vocab_size: int | None = None  # set by _load(): token ids a request may name
         self._ready = threading.Event()
         self._stopping = threading.Event()
         self._draining = threading.Event()  # SIGTERM: no new work; what is held goes on
@@ -62,6 +63,7 @@ class EngineThread:
     def submit(self, seqs: list[Sequence]) -> None:
         """Enqueue all of `seqs` or none (QueueFull); the caller waits on each `seq.done`."""
         self.check_available()
+        self._check_token_ids(seqs)
         self.workload.put_all(seqs)
         self.metrics.prompts.labels(self.name).inc(len(seqs))
 
@@ -80,6 +82,18 @@ class EngineThread:
     def wait_drained(self, timeout: float | None) -> bool:
         """True once nothing is queued or running (at once for an engine that is not ready)."""
         return self.status != "ready" or self._drained.wait(timeout)
+
+    def _check_token_ids(self, seqs: list[Sequence]) -> None:
+        """Token ids only the loaded model can judge; refused before anything is enqueued."""
+        if self.vocab_size is None:
+            return
+        for seq in seqs:
+            named = {"logit_bias": [t for t, _ in seq.params.logit_bias], "stop_token_ids": seq.params.stop_token_ids}
+            for param, ids in named.items():
+                bad = [t for t in ids if t >= self.vocab_size]
+                if bad:
+                    message = f"'{param}' names token id {bad[0]}, outside 0..{self.vocab_size - 1}"
+                    raise InvalidParams(message, param=param)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Take no more work, abandon what runs, fail what waits (503), join the thread.

@@ -19,3 +19,12 @@ class ShuttingDown(EngineError):
 
 class RoundFailed(EngineError):
     """The batch this sequence ran in raised; only that batch's sequences get this (500)."""
+
+
+class InvalidParams(EngineError):
+    """A sampling parameter only the loaded model can judge (a token id beyond its vocabulary):
+    nothing was enqueued (422). `param` names the request field."""
+
+    def __init__(self, message: str, *, param: str | None = None):
+        super().__init__(message)
+        self.param = param

@@ -1,11 +1,12 @@
 """The model itself: tokenize with left padding, one `generate()` per round, decode per row.
 
-Everything per row (max_tokens, temperature, top_p, cancellation, streaming) rides on hooks that
-`transformers.generate()` already offers, so a round stays one `generate()` call:
-- `LogitsProcessor`s apply each row's temperature and top_p (greedy rows become one-hot) and
-  keep EOS away from rows that ignore it,
-- a `StoppingCriteria` ends each row at its own max_tokens, at EOS, or when it is cancelled,
-- a streamer receives each decoding step's tokens, so streamed text leaves as it is produced.
+Everything per row (max_tokens, sampling, penalties, stop, logprobs, cancellation, streaming)
+rides on hooks that `transformers.generate()` already offers, so a round stays one call:
+- `LogitsProcessor`s (batcher/processors.py) apply each row's own parameters in vLLM's order
+  (greedy and seeded rows become one-hot) and record logprobs,
+- a `StoppingCriteria` (batcher/rows.py) ends each row at its own max_tokens, EOS, stop token or
+  stop string, or when it is cancelled,
+- the same object is the streamer: it receives each step's tokens, so text leaves as produced.
 """
 
 from __future__ import annotations
@@ -14,17 +15,10 @@ import logging
 import os
 
 import torch
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    GenerationConfig,
-    LogitsProcessor,
-    LogitsProcessorList,
-    StoppingCriteria,
-    StoppingCriteriaList,
-)
-from transformers.generation.streamers import BaseStreamer
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, StoppingCriteriaList
 
+from batcher import processors as per_row
+from batcher.rows import RoundRows
 from batcher.sequence import Sequence
 
 log = logging.getLogger(__name__)
@@ -57,97 +51,6 @@ def pick_dtype(dtype: str, device: str) -> torch.dtype:
     return torch.bfloat16 if native_bf16 else torch.float32
 
 
-class PerRowSampling(LogitsProcessor):
-    """Temperature and top-p per row; rows with temperature 0 keep only their argmax, so one
-    `do_sample=True` call serves greedy and sampled rows side by side."""
-
-    def __init__(self, temperature: torch.Tensor, top_p: torch.Tensor):
-        self.temperature = temperature  # [B]
-        self.top_p = top_p  # [B]
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        # scores: [B, V]
-        greedy = (self.temperature == 0)[:, None]
-        scaled = scores / self.temperature.clamp(min=1e-5)[:, None]
-        sorted_logits, order = scaled.sort(dim=-1)  # ascending
-        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-        drop_sorted = cumulative <= (1 - self.top_p)[:, None]
-        drop_sorted[:, -1] = False  # always keep the most likely token
-        drop = drop_sorted.scatter(1, order, drop_sorted)
-        sampled = scaled.masked_fill(drop, float("-inf"))
-        one_hot = torch.full_like(scores, float("-inf")).scatter(1, scores.argmax(-1, keepdim=True), 0.0)
-        return torch.where(greedy, one_hot, sampled)
-
-
-class SuppressEos(LogitsProcessor):
-    """Rows that ignore EOS never pick it: HF's own `min_new_tokens` does the same, for all rows."""
-
-    def __init__(self, rows: torch.Tensor, eos_ids: list[int]):
-        self.rows = rows  # [B] bool
-        self.eos_ids = eos_ids
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        # scores: [B, V]
-        is_eos = torch.zeros(scores.shape[-1], dtype=torch.bool, device=scores.device)
-        is_eos[self.eos_ids] = True
-        return scores.masked_fill(self.rows[:, None] & is_eos[None, :], float("-inf"))
-
-
-class RoundRows(BaseStreamer, StoppingCriteria):
-    """Per-row bookkeeping of one round. `generate()` calls `put()` with each step's new tokens
-    and then asks `__call__` which rows are done; a done row only gets padding afterwards."""
-
-    def __init__(self, seqs: list[Sequence], tokenizer, eos_ids: set[int]):
-        self.seqs = seqs
-        self.tokenizer = tokenizer
-        self.eos_ids = eos_ids
-        self.reasons: list[str | None] = [None] * len(seqs)
-        self.sent: list[str] = [""] * len(seqs)  # text already streamed, per row
-
-    def put(self, value: torch.Tensor) -> None:
-        if value.dim() > 1:  # generate() first hands the streamer the prompts: [B, S]
-            return
-        for row, token in enumerate(value.tolist()):  # value: [B], this step's tokens
-            if self.reasons[row] is not None:
-                continue
-            seq = self.seqs[row]
-            if token in self.eos_ids:
-                self.reasons[row] = "stop"
-                continue
-            seq.token_ids.append(token)
-            if seq.stream:
-                self._stream(row)
-            if len(seq.token_ids) >= seq.params.max_tokens:
-                self.reasons[row] = "length"
-
-    def end(self) -> None:
-        pass
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.BoolTensor:
-        for row, seq in enumerate(self.seqs):
-            if self.reasons[row] is None and seq.cancelled:
-                self.reasons[row] = "cancelled"
-        return torch.tensor([r is not None for r in self.reasons], device=input_ids.device)
-
-    def _stream(self, row: int) -> None:
-        # Decode the whole row and send what is new, holding back a trailing U+FFFD: a multi-byte
-        # character split across tokens comes out whole, and merged tokens keep their spaces.
-        # Re-decoding is O(n^2) in tokens, negligible at completion lengths of a few hundred.
-        text = self.tokenizer.decode(self.seqs[row].token_ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):
-            return
-        self.seqs[row].emit(text[len(self.sent[row]) :])
-        self.sent[row] = text
-
-    def finish(self, row: int) -> tuple[str, str]:
-        """The row's final text and finish reason; streams whatever was held back."""
-        seq = self.seqs[row]
-        text = self.tokenizer.decode(seq.token_ids, skip_special_tokens=True)
-        if seq.stream:
-            seq.emit(text[len(self.sent[row]) :])
-        return text, self.reasons[row] or "length"
-
-
 class Runner:
     """A causal LM and its tokenizer, ready to run rounds. Not thread-safe: one model thread."""
 
@@ -176,21 +79,12 @@ class Runner:
     @torch.inference_mode()
     def generate(self, seqs: list[Sequence], inputs: dict[str, torch.Tensor]) -> dict[str, tuple[str, str]]:
         """Run one round; return {sequence id: (completion text, finish reason)}."""
-        rows = RoundRows(seqs, self.tokenizer, self.eos_ids)
+        processors, recorder, sample = per_row.build(
+            seqs, self.tokenizer, sorted(self.eos_ids), inputs["attention_mask"], self.model.config.vocab_size
+        )
+        rows = RoundRows(seqs, self.tokenizer, self.eos_ids, recorder)
         for seq, count in zip(seqs, inputs["attention_mask"].sum(dim=-1).tolist(), strict=True):
             seq.prompt_tokens = count  # the prompt as this round saw it: padding off, truncation on
-        sample = any(not s.params.greedy for s in seqs)
-        processors = LogitsProcessorList()
-        if any(s.params.ignore_eos for s in seqs):
-            ignore_eos = torch.tensor([s.params.ignore_eos for s in seqs], device=self.device)
-            processors.append(SuppressEos(ignore_eos, sorted(self.eos_ids)))
-        if sample:
-            processors.append(
-                PerRowSampling(
-                    torch.tensor([s.params.temperature for s in seqs], device=self.device),
-                    torch.tensor([s.params.top_p for s in seqs], device=self.device),
-                )
-            )
         config = GenerationConfig(
             max_new_tokens=max(s.params.max_tokens for s in seqs),
             do_sample=sample,

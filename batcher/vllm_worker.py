@@ -23,7 +23,7 @@ from batcher import fence
 from batcher.engine import EngineThread
 from batcher.errors import RoundFailed, ShuttingDown
 from batcher.metrics import Metrics
-from batcher.sequence import Sequence
+from batcher.sequence import Sequence, TokenLogprob
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +130,7 @@ class VLLMWorker(EngineThread):
             torch._dynamo.callback_handler.remove_start_callback(on_compile_start)
         log.info("vLLM held the static engine's fence for %.1fs in all", fence.stats.seconds - held_before)
         _log_compile_cache()
+        self.vocab_size = self.engine.model_config.get_vocab_size()
 
     def _serve(self) -> None:
         while not self._stopping.is_set():
@@ -168,11 +169,23 @@ class VLLMWorker(EngineThread):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
+        p = seq.params
         return SamplingParams(
-            max_tokens=seq.params.max_tokens,
-            temperature=seq.params.temperature,
-            top_p=seq.params.top_p,
-            ignore_eos=seq.params.ignore_eos,
+            max_tokens=p.max_tokens,
+            temperature=p.temperature,
+            top_p=p.top_p,
+            top_k=max(p.top_k, 0),  # ours: -1 or 0 disable; vLLM prefers 0
+            min_p=p.min_p,
+            presence_penalty=p.presence_penalty,
+            frequency_penalty=p.frequency_penalty,
+            repetition_penalty=p.repetition_penalty,
+            min_tokens=p.min_tokens,
+            logit_bias=dict(p.logit_bias) or None,
+            stop=list(p.stop),
+            stop_token_ids=list(p.stop_token_ids),
+            seed=p.seed,
+            logprobs=p.logprobs,
+            ignore_eos=p.ignore_eos,
             output_kind=RequestOutputKind.DELTA,  # each step hands out only the new text
         )
 
@@ -207,6 +220,8 @@ class VLLMWorker(EngineThread):
             completion = out.outputs[0]
             if seq.prompt_tokens is None and out.prompt_token_ids is not None:
                 seq.prompt_tokens = len(out.prompt_token_ids)
+            if completion.logprobs is not None:
+                seq.logprobs.extend(self._logprobs(seq, completion, out.finished))
             seq.token_ids.extend(completion.token_ids)
             seq.text += completion.text
             seq.emit(completion.text)
@@ -214,6 +229,23 @@ class VLLMWorker(EngineThread):
             if out.finished:
                 self._forget(seq)
                 seq.finish(seq.text, completion.finish_reason or "length")
+
+    @staticmethod
+    def _logprobs(seq: Sequence, completion, finished: bool) -> list[TokenLogprob]:
+        """vLLM's per-token {token id: Logprob} dicts (the top k by rank, plus the chosen token)
+        as our records. The EOS or stop token that ended the sequence has no text, and the static
+        path returns none for it: dropped here too, so both engines count the same tokens."""
+        k = seq.params.logprobs
+        steps = list(zip(completion.token_ids, completion.logprobs, strict=True))
+        if finished and completion.finish_reason == "stop" and not isinstance(completion.stop_reason, str):
+            steps = steps[:-1]
+        records = []
+        for token, alternatives in steps:
+            chosen = alternatives[token]
+            ranked = sorted((lp for lp in alternatives.items() if lp[1].rank <= k), key=lambda lp: lp[1].rank)
+            top = tuple((tid, lp.decoded_token or "", lp.logprob) for tid, lp in ranked[:k])
+            records.append(TokenLogprob(token, chosen.decoded_token or "", chosen.logprob, top))
+        return records
 
     def _forget(self, seq: Sequence) -> None:
         """Out of the engine's running set, just before the sequence is resolved."""

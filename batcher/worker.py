@@ -56,6 +56,7 @@ class ModelWorker(EngineThread):
         # transformers sets torch's default dtype while it builds the model, as vLLM does: fenced
         with fence.static_round():
             self.runner = self._load_runner()
+        self.vocab_size = self.runner.model.config.vocab_size
 
     def _serve(self) -> None:
         while not self._stopping.is_set():

@@ -8,6 +8,7 @@ the pieces into its own server-sent events (`demo_events` here, OpenAI's in open
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import queue
 import time
@@ -39,10 +40,20 @@ def _deadline_exceeded() -> DeadlineExceeded:
     return DeadlineExceeded(f"request took longer than {_timeout():g}s")
 
 
-def complete(eng: Engine, prompts: list[str], params: SamplingParams, *, solo: bool = False) -> list[Sequence]:
-    """Run every prompt on `eng` and wait for all of them, or fail the whole request.
-    `solo`: each prompt runs in a round of its own (static engine)."""
-    seqs = [Sequence(prompt, params, solo=solo) for prompt in prompts]
+def fan_out(
+    prompts: list[str], params: SamplingParams, n: int = 1, *, pieces: queue.SimpleQueue | None = None, solo=False
+) -> list[Sequence]:
+    """n sequences per prompt, grouped per prompt in order (prompt 0's n, then prompt 1's...).
+    With a seed, the i-th of a prompt's n gets seed + i, as vLLM does for its own n: n draws
+    that differ, each reproducible. `pieces`: the queue a streamed request reads; `solo`: each
+    runs in a round of its own (static engine)."""
+    per_copy = [params if params.seed is None else dataclasses.replace(params, seed=params.seed + i) for i in range(n)]
+    return [Sequence(prompt, p, pieces=pieces, solo=solo) for prompt in prompts for p in per_copy]
+
+
+def complete(eng: Engine, prompts: list[str], params: SamplingParams, n: int = 1, *, solo=False) -> list[Sequence]:
+    """Run every prompt (n times each) on `eng` and wait for all of them, or fail the request."""
+    seqs = fan_out(prompts, params, n, solo=solo)
     if not seqs:
         return seqs
     eng.submit(seqs)
@@ -70,12 +81,12 @@ class Pieces:
     cancels whatever still runs: call it when the client is gone.
     """
 
-    def __init__(self, eng: Engine, prompts: list[str], params: SamplingParams, *, until_entered: bool = False):
+    def __init__(self, eng: Engine, prompts: list[str], params: SamplingParams, n: int = 1, *, until_entered=False):
         """`until_entered`: answer as soon as the (first) sequence enters its round or step, not at
         its first piece, so that a details event can go first; an error before that point still
         raises here."""
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self.seqs = [Sequence(prompt, params, pieces=self._queue) for prompt in prompts]
+        self.seqs = fan_out(prompts, params, n, pieces=self._queue)
         eng.submit(self.seqs)
         self._deadline = time.monotonic() + _timeout()
         self._timeout_error = _deadline_exceeded()
@@ -146,12 +157,28 @@ def detail(seq: Sequence) -> dict:
     }
 
 
+def token_logprobs(seq: Sequence) -> list[dict]:
+    """Per generated token: its text, id, logprob and the top alternatives, most likely first."""
+    return [
+        {
+            "token": r.token,
+            "token_id": r.token_id,
+            "logprob": r.logprob,
+            "top_logprobs": [{"token": text, "token_id": tid, "logprob": lp} for tid, text, lp in r.top],
+        }
+        for r in seq.logprobs
+    ]
+
+
 def reply(seqs: list[Sequence], req: GenerateRequest, *, single: bool = False) -> Response:
-    """The JSON answer, completions in prompt order (no prompt echo), with timing headers."""
+    """The JSON answer, completions in prompt order (no prompt echo; with n > 1, each prompt's n
+    in a row), a "logprobs" list per text when asked, with timing headers."""
     if single:
         body = {"generated_text": seqs[0].text}
     else:
         body = {"generated_texts": [seq.text for seq in seqs]}
+    if req.params.logprobs is not None:
+        body["logprobs"] = token_logprobs(seqs[0]) if single else [token_logprobs(seq) for seq in seqs]
     if req.details:
         body["details"] = [detail(seq) for seq in seqs]
     response = jsonify(body)
@@ -164,7 +191,7 @@ def reply(seqs: list[Sequence], req: GenerateRequest, *, single: bool = False) -
 START_DETAILS = ("sequence_id", "round", "batch_size", "batch_shape", "queue_ms")
 
 
-def demo_events(pieces: Pieces, *, details: bool = False) -> Iterator[str]:
+def demo_events(pieces: Pieces, *, details: bool = False, logprobs: bool = False) -> Iterator[str]:
     """One `data:` event per piece of text, then one with the finish reason (or the error).
     `details`: first an event with the round (or vLLM step) the sequence entered, its batch and
     its queue time (the race page draws rounds with it)."""
@@ -183,7 +210,10 @@ def demo_events(pieces: Pieces, *, details: bool = False) -> Iterator[str]:
             elif seq.error is not None:
                 yield failed(seq, seq.error)
             else:
-                yield event({"sequence_id": seq.id, "finish_reason": seq.finish_reason, "done": True})
+                last = {"sequence_id": seq.id, "finish_reason": seq.finish_reason, "done": True}
+                if logprobs:
+                    last["logprobs"] = token_logprobs(seq)
+                yield event(last)
     except ApiError as exc:  # the deadline, mid-stream
         yield failed(seq, exc)
     finally:
@@ -194,4 +224,4 @@ def demo_events(pieces: Pieces, *, details: bool = False) -> Iterator[str]:
 
 def stream(eng: Engine, req: GenerateRequest) -> Response:
     pieces = Pieces(eng, req.prompts[:1], req.params, until_entered=req.details)
-    return sse(demo_events(pieces, details=req.details))
+    return sse(demo_events(pieces, details=req.details, logprobs=req.params.logprobs is not None))

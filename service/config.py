@@ -32,6 +32,7 @@ class Config:
     max_new_tokens: int = 20  # default for a request that names no max_tokens
     max_new_tokens_limit: int = 512  # largest max_tokens a request may ask for
     max_prompts_per_request: int = 256
+    max_n: int = 8  # largest n (completions per prompt) a request may ask for
     max_body_bytes: int = 1 << 20
     request_timeout_s: float = 120.0
     torch_threads: int = 0  # 0: every core the process may use
@@ -55,6 +56,8 @@ class Config:
             raise ValueError(f"MAX_QUEUE must be >= 1, got {self.max_queue}")
         if not 1 <= self.max_new_tokens <= self.max_new_tokens_limit:
             raise ValueError("MAX_NEW_TOKENS must lie in 1..MAX_NEW_TOKENS_LIMIT")
+        if self.max_n < 1:
+            raise ValueError(f"MAX_N must be >= 1, got {self.max_n}")
         if self.max_input_tokens < 1 or self.max_prompts_per_request < 1:
             raise ValueError("MAX_INPUT_TOKENS and MAX_PROMPTS_PER_REQUEST must be >= 1")
         if self.request_timeout_s <= 0:

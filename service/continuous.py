@@ -10,7 +10,7 @@ bp = auth.protect(Blueprint("vllm", __name__))
 @bp.post("/generate_vllm")
 def generate_vllm():
     req = schema.from_request()
-    return completion.reply(completion.complete(completion.engine("vllm"), req.prompts, req.params), req)
+    return completion.reply(completion.complete(completion.engine("vllm"), req.prompts, req.params, req.n), req)
 
 
 @bp.post("/generate_vllm_stream")

@@ -8,7 +8,7 @@ import logging
 from flask import Blueprint, Flask, Response, jsonify
 from werkzeug.exceptions import HTTPException
 
-from batcher.errors import EngineError, NotReady, QueueFull, RoundFailed, ShuttingDown
+from batcher.errors import EngineError, InvalidParams, NotReady, QueueFull, RoundFailed, ShuttingDown
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,7 @@ class DeadlineExceeded(ApiError):
 
 # engine errors -> (status, type)
 ENGINE_STATUS: dict[type, tuple[int, str]] = {
+    InvalidParams: (422, "invalid_request"),
     QueueFull: (429, "queue_full"),
     NotReady: (503, "engine_unavailable"),
     ShuttingDown: (503, "shutting_down"),

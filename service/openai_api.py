@@ -2,12 +2,13 @@
 continuous batching, `/static/v1/...` by the static batcher. So the `openai` SDK, and any
 benchmark client that speaks the OpenAI API, compares the two engines by its base URL alone.
 
-Only the shapes live here: requests are parsed by `schema`, run by `completion.complete()` or
-`completion.Pieces`, exactly as the demo routes run them.
+Only the shapes live here: requests are parsed by `schema` and `params`, run by
+`completion.complete()` or `completion.Pieces`, exactly as the demo routes run them.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from collections.abc import Iterator
@@ -15,9 +16,10 @@ from collections.abc import Iterator
 from flask import Blueprint, Flask, current_app, jsonify, request
 
 from batcher.errors import EngineError
-from batcher.sequence import Sequence
+from batcher.sequence import Sequence, TokenLogprob
 from service import auth, completion, errors, schema
 from service.errors import ApiError, InvalidRequest, ModelNotFound
+from service.params import chat_logprobs, parse_n, parse_sampling
 
 bp = auth.protect(Blueprint("openai", __name__))
 errors.register_openai(bp)
@@ -85,21 +87,34 @@ def _usage(seqs: list[Sequence]) -> dict:
 
 
 class TextShape:
-    """/completions: one choice per prompt, `text` in the reply and in each chunk."""
+    """/completions: one choice per prompt (n per prompt), `text` in the reply and in each chunk."""
 
     prefix, object, chunk_object = "cmpl", "text_completion", "text_completion"
 
     @staticmethod
-    def choice(index: int, seq: Sequence) -> dict:
-        return {"index": index, "text": seq.text, "logprobs": None, "finish_reason": seq.finish_reason}
+    def logprobs(records: list[TokenLogprob] | None, offset: int = 0) -> dict | None:
+        """{tokens, token_logprobs, top_logprobs, text_offset}; `offset`: characters before."""
+        if records is None:
+            return None
+        offsets = list(itertools.accumulate((len(r.token) for r in records[:-1]), initial=offset))
+        return {
+            "tokens": [r.token for r in records],
+            "token_logprobs": [r.logprob for r in records],
+            "top_logprobs": [{text: lp for _, text, lp in r.top} for r in records],
+            "text_offset": offsets if records else [],
+        }
+
+    @classmethod
+    def choice(cls, index: int, seq: Sequence, records: list[TokenLogprob] | None) -> dict:
+        return {"index": index, "text": seq.text, "logprobs": cls.logprobs(records), "finish_reason": seq.finish_reason}
 
     @staticmethod
     def opening(count: int) -> list[dict]:
         return []
 
-    @staticmethod
-    def delta(index: int, text: str, finish_reason: str | None = None) -> dict:
-        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    @classmethod
+    def delta(cls, index: int, text: str, records=None, offset: int = 0, finish_reason: str | None = None) -> dict:
+        return {"index": index, "text": text, "logprobs": cls.logprobs(records, offset), "finish_reason": finish_reason}
 
 
 class ChatShape:
@@ -108,9 +123,22 @@ class ChatShape:
     prefix, object, chunk_object = "chatcmpl", "chat.completion", "chat.completion.chunk"
 
     @staticmethod
-    def choice(index: int, seq: Sequence) -> dict:
+    def logprobs(records: list[TokenLogprob] | None, offset: int = 0) -> dict | None:
+        """{content: [{token, logprob, bytes, top_logprobs}], refusal}"""
+        if records is None:
+            return None
+
+        def entry(text: str, logprob: float) -> dict:
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+        content = [{**entry(r.token, r.logprob), "top_logprobs": [entry(t, lp) for _, t, lp in r.top]} for r in records]
+        return {"content": content, "refusal": None}
+
+    @classmethod
+    def choice(cls, index: int, seq: Sequence, records: list[TokenLogprob] | None) -> dict:
         message = {"role": "assistant", "content": seq.text}
-        return {"index": index, "message": message, "logprobs": None, "finish_reason": seq.finish_reason}
+        logprobs = cls.logprobs(records)
+        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": seq.finish_reason}
 
     @staticmethod
     def opening(count: int) -> list[dict]:
@@ -119,40 +147,57 @@ class ChatShape:
             for i in range(count)
         ]
 
-    @staticmethod
-    def delta(index: int, text: str, finish_reason: str | None = None) -> dict:
+    @classmethod
+    def delta(cls, index: int, text: str, records=None, offset: int = 0, finish_reason: str | None = None) -> dict:
         delta = {"content": text} if text else {}
-        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": index, "delta": delta, "logprobs": cls.logprobs(records), "finish_reason": finish_reason}
 
 
 def _respond(shape, engine: str, model: str, prompts: list[str], body: dict):
-    """Run the prompts and answer as one JSON object, or as server-sent chunks with `stream`."""
+    """Run the prompts (n times each) and answer as one JSON object, or as server-sent chunks
+    with `stream`. Choices are grouped per prompt: prompt p's i-th completion has index p*n + i."""
     stream, include_usage = _stream_options(body)
-    params = schema.sampling(body, _config(), default_temperature=1.0)  # OpenAI's default
+    config = _config()
+    params = parse_sampling(body, config, default_temperature=1.0)  # OpenAI's default
+    n = parse_n(body, config)
+    want = params.logprobs is not None
     eng = completion.engine(engine)
     head = {"id": f"{shape.prefix}-{uuid.uuid4().hex}", "created": int(time.time()), "model": model}
     if stream:
-        pieces = completion.Pieces(eng, prompts, params)
-        return completion.sse(_chunks(pieces, shape, {**head, "object": shape.chunk_object}, include_usage))
-    seqs = completion.complete(eng, prompts, params)
-    choices = [shape.choice(i, seq) for i, seq in enumerate(seqs)]
+        pieces = completion.Pieces(eng, prompts, params, n)
+        return completion.sse(_chunks(pieces, shape, {**head, "object": shape.chunk_object}, include_usage, want))
+    seqs = completion.complete(eng, prompts, params, n)
+    choices = [shape.choice(i, seq, seq.logprobs if want else None) for i, seq in enumerate(seqs)]
     return jsonify({**head, "object": shape.object, "choices": choices, "usage": _usage(seqs)})
 
 
-def _chunks(pieces: completion.Pieces, shape, head: dict, include_usage: bool) -> Iterator[str]:
+def _chunks(pieces: completion.Pieces, shape, head: dict, include_usage: bool, want: bool) -> Iterator[str]:
     """One chunk per piece of text, a last one per choice with its finish_reason, the usage chunk
-    if asked, then [DONE]; an error after the first byte is an error event, then [DONE]."""
+    if asked, then [DONE]; an error after the first byte is an error event, then [DONE].
+    With logprobs, each chunk carries those of the tokens generated since the choice's last one."""
     index = {seq.id: i for i, seq in enumerate(pieces.seqs)}
+    sent_records = dict.fromkeys(index, 0)
+    sent_chars = dict.fromkeys(index, 0)
+
+    def chunk(seq: Sequence, text: str, finish_reason: str | None = None) -> str:
+        records = None
+        if want:  # the engine records a token's logprobs before it hands out its text
+            end = len(seq.logprobs)
+            records, sent_records[seq.id] = seq.logprobs[sent_records[seq.id] : end], end
+        choice = shape.delta(index[seq.id], text, records, sent_chars[seq.id], finish_reason)
+        sent_chars[seq.id] += len(text)
+        return completion.event({**head, "choices": [choice]})
+
     try:
         for choice in shape.opening(len(pieces.seqs)):
             yield completion.event({**head, "choices": [choice]})
         for seq, text in pieces:
             if text is not None:
-                yield completion.event({**head, "choices": [shape.delta(index[seq.id], text)]})
+                yield chunk(seq, text)
             elif seq.error is not None:
                 raise seq.error
             else:
-                yield completion.event({**head, "choices": [shape.delta(index[seq.id], "", seq.finish_reason)]})
+                yield chunk(seq, "", seq.finish_reason)
         if include_usage:
             yield completion.event({**head, "choices": [], "usage": _usage(pieces.seqs)})
         yield DONE
@@ -206,4 +251,5 @@ def chat_completions(engine: str):
     prompt = render_chat(body.get("messages"))
     if body.get("max_completion_tokens") is not None:  # the newer name wins
         body = {**body, "max_tokens": body["max_completion_tokens"]}
+    body = chat_logprobs(body)  # logprobs: true + top_logprobs: k, as the one field the engines read
     return _respond(ChatShape, engine, model, [prompt], body)

@@ -10,6 +10,7 @@ from werkzeug.exceptions import BadRequest
 from batcher.sequence import SamplingParams
 from service.config import Config
 from service.errors import InvalidJson, InvalidRequest, TooManyPrompts
+from service.params import parse_n, parse_sampling
 
 
 @dataclass(frozen=True)
@@ -17,19 +18,7 @@ class GenerateRequest:
     prompts: list[str]
     params: SamplingParams
     details: bool = False
-
-
-def _number(body: dict, key: str, default, kind, check, rule: str):
-    value = body.get(key, default)
-    if value is None:
-        return default
-    # bool is an int in Python; a JSON true is not a number of tokens
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
-        what = "an integer" if kind is int else "a number"
-        raise InvalidRequest(f"'{key}' must be {what}, got {value!r}", param=key)
-    if not check(value):
-        raise InvalidRequest(f"'{key}' must be {rule}, got {value!r}", param=key)
-    return kind(value)
+    n: int = 1  # completions per prompt, each its own sequence
 
 
 def flag(body: dict, key: str) -> bool:
@@ -64,19 +53,6 @@ def check_prompts(prompts: list, config: Config, key: str) -> list[str]:
     return prompts
 
 
-def sampling(body: dict, config: Config, *, default_temperature: float = 0.0) -> SamplingParams:
-    """The sampling parameters of any generate route, demo or OpenAI (which defaults to 1.0)."""
-    limit = config.max_new_tokens_limit
-    return SamplingParams(
-        max_tokens=_number(body, "max_tokens", config.max_new_tokens, int, lambda v: 1 <= v <= limit, f"in 1..{limit}"),
-        temperature=_number(
-            body, "temperature", default_temperature, float, lambda v: 0 <= v <= 100, "in 0..100 (0: greedy)"
-        ),
-        top_p=_number(body, "top_p", 1.0, float, lambda v: 0 < v <= 1, "in (0, 1]"),
-        ignore_eos=flag(body, "ignore_eos"),
-    )
-
-
 def parse(request: Request, config: Config, *, single: bool = False) -> GenerateRequest:
     """`single`: the body has one "prompt" string instead of a "prompts" list."""
     body = json_body(request)
@@ -88,7 +64,11 @@ def parse(request: Request, config: Config, *, single: bool = False) -> Generate
     if not isinstance(prompts, list):
         raise InvalidRequest("'prompts' must be a list of strings", param=key)
     check_prompts(prompts, config, key)
-    return GenerateRequest(prompts=prompts, params=sampling(body, config), details=flag(body, "details"))
+    params = parse_sampling(body, config, default_temperature=0.0)
+    n = parse_n(body, config)
+    if single and n != 1:  # one prompt, one text (or one stream of events): no room for more
+        raise InvalidRequest(f"'n' must be 1 on this route, got {n}; use /generate or /generate_vllm", param="n")
+    return GenerateRequest(prompts=prompts, params=params, details=flag(body, "details"), n=n)
 
 
 def from_request(*, single: bool = False) -> GenerateRequest:

@@ -10,7 +10,7 @@ bp = auth.protect(Blueprint("static", __name__))
 @bp.post("/generate")
 def generate():
     req = schema.from_request()
-    return completion.reply(completion.complete(completion.engine("static"), req.prompts, req.params), req)
+    return completion.reply(completion.complete(completion.engine("static"), req.prompts, req.params, req.n), req)
 
 
 @bp.post("/basic_generate")

@@ -1,0 +1,88 @@
+"""RoundRows: the per-row bookkeeping of one static round, as `generate()`'s streamer and
+stopping criteria. It ends each row at its own EOS, stop token, stop string or max_tokens,
+records logprobs, and streams text without ever sending a possible start of a stop string."""
+
+from __future__ import annotations
+
+import torch
+from transformers import StoppingCriteria
+from transformers.generation.streamers import BaseStreamer
+
+from batcher.processors import RecordLogprobs
+from batcher.sequence import Sequence
+from batcher.stops import find_stop, held_back
+
+
+class RoundRows(BaseStreamer, StoppingCriteria):
+    """`generate()` calls `put()` with each step's new tokens and then asks `__call__` which rows
+    are done; a done row only gets padding afterwards."""
+
+    def __init__(self, seqs: list[Sequence], tokenizer, eos_ids: set[int], logprobs: RecordLogprobs | None = None):
+        self.seqs = seqs
+        self.tokenizer = tokenizer
+        self.eos_ids = eos_ids
+        self.logprobs = logprobs
+        self.reasons: list[str | None] = [None] * len(seqs)
+        self.sent: list[str] = [""] * len(seqs)  # text already streamed, per row
+        self.texts: list[str | None] = [None] * len(seqs)  # decoded so far (rows with stop strings)
+        self.stop_from: list[int] = [0] * len(seqs)  # stop strings must end after this offset
+
+    def put(self, value: torch.Tensor) -> None:
+        if value.dim() > 1:  # generate() first hands the streamer the prompts: [B, S]
+            return
+        tokens = value.tolist()  # [B], this step's tokens
+        records = self.logprobs.take(tokens) if self.logprobs is not None else {}
+        for row, token in enumerate(tokens):
+            if self.reasons[row] is not None:
+                continue
+            seq = self.seqs[row]
+            if token in self.eos_ids or token in seq.params.stop_token_ids:
+                self.reasons[row] = "stop"
+                continue
+            seq.token_ids.append(token)
+            if row in records:
+                seq.logprobs.append(records[row])
+            if seq.stream or seq.params.stop:
+                self._advance(row)
+            if self.reasons[row] is None and len(seq.token_ids) >= seq.params.max_tokens:
+                self.reasons[row] = "length"
+
+    def end(self) -> None:
+        pass
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.BoolTensor:
+        for row, seq in enumerate(self.seqs):
+            if self.reasons[row] is None and seq.cancelled:
+                self.reasons[row] = "cancelled"
+        return torch.tensor([r is not None for r in self.reasons], device=input_ids.device)
+
+    def _advance(self, row: int) -> None:
+        # Decode the whole row: merged tokens keep their spaces, and a stop string split across
+        # tokens is seen whole. Re-decoding is O(n^2) in tokens, negligible at a few hundred.
+        seq, stops = self.seqs[row], self.seqs[row].params.stop
+        text = self.tokenizer.decode(seq.token_ids, skip_special_tokens=True)
+        searched = len(self.texts[row] or "")
+        self.texts[row] = text
+        if len(seq.token_ids) <= seq.params.min_tokens:
+            self.stop_from[row] = len(text)  # vLLM: a stop string must end after min_tokens
+        elif stops:
+            cut = find_stop(text, stops, max(searched, self.stop_from[row]))
+            if cut is not None:
+                self.texts[row], self.reasons[row] = text[:cut], "stop"
+                return  # finish() streams what is left before the stop string
+        # Hold back a trailing U+FFFD (a multi-byte character split across tokens comes out
+        # whole) and any tail that may be the start of a stop string.
+        if seq.stream and not text.endswith("\ufffd"):
+            safe = max(len(text) - held_back(text, stops), len(self.sent[row]))
+            seq.emit(text[len(self.sent[row]) : safe])
+            self.sent[row] = text[:safe]
+
+    def finish(self, row: int) -> tuple[str, str]:
+        """The row's final text and finish reason; streams whatever was held back."""
+        seq = self.seqs[row]
+        text = self.texts[row]
+        if text is None or self.reasons[row] != "stop":  # decoded whole, without held-back bytes
+            text = self.tokenizer.decode(seq.token_ids, skip_special_tokens=True)
+        if seq.stream:
+            seq.emit(text[len(self.sent[row]) :])
+        return text, self.reasons[row] or "length"
