@@ -156,6 +156,38 @@ def test_streamed_chat_carries_the_role_first_and_usage_last_when_asked(sdk, str
 
 
 @BASES
+def test_n_stop_logprobs_and_seed_in_openais_shapes(sdk):
+    three = sdk.completions.create(model=MODEL, prompt=PARIS, max_tokens=6, temperature=0, n=3, stop=["\n"], logprobs=2)
+    assert [c.index for c in three.choices] == [0, 1, 2] and len({c.text for c in three.choices}) == 1  # greedy
+    first = three.choices[0]
+    assert first.text == " Paris." and first.finish_reason == "stop"  # ended before the stop string
+    assert "".join(first.logprobs.tokens).startswith(first.text)
+    assert all(lp <= 0 for lp in first.logprobs.token_logprobs)
+    assert all(len(top) == 2 for top in first.logprobs.top_logprobs)
+    assert first.logprobs.text_offset[:2] == [0, len(first.logprobs.tokens[0])]
+
+    chat = sdk.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        temperature=0,
+        max_tokens=5,
+        logprobs=True,
+        top_logprobs=3,
+    )
+    content = chat.choices[0].logprobs.content
+    assert "".join(t.token for t in content) == chat.choices[0].message.content
+    for token in content:  # greedy: the chosen token is the most likely one
+        assert [t.logprob for t in token.top_logprobs] == sorted((t.logprob for t in token.top_logprobs), reverse=True)
+        assert len(token.top_logprobs) == 3 and token.top_logprobs[0].token == token.token
+        assert bytes(token.bytes).decode() == token.token
+
+    def seeded(seed: int) -> str:
+        return sdk.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=16, seed=seed).choices[0].text
+
+    assert seeded(7) == seeded(7) != seeded(8)  # temperature 1 (OpenAI's default), drawn per seed
+
+
+@BASES
 def test_errors_arrive_as_the_sdks_exception_classes(sdk):
     with pytest.raises(openai.BadRequestError) as bad:
         sdk.completions.create(model=MODEL, prompt=PARIS, max_tokens=0)
