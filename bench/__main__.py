@@ -20,7 +20,9 @@ from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 
-from bench import fidelity, measure, report, startup
+import requests
+
+from bench import fidelity, measure, report, serve_client, startup
 from bench.server import Server
 from service.config import Config
 
@@ -54,6 +56,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-vllm", action="store_true", help="start the service with VLLM_ENABLED=0 (fast)")
     p.add_argument("--no-offline", action="store_true", help="skip the offline vLLM LLM.generate() baseline")
     p.add_argument("--no-direct", action="store_true", help="skip the direct model.generate() baseline")
+    p.add_argument("--no-openai", action="store_true", help="skip the OpenAI-route runs (bench.serve_client)")
     p.add_argument("--no-fidelity", action="store_true", help="skip the fidelity table (bench.fidelity)")
     p.add_argument("--no-startup", action="store_true", help="skip cold and warm start-up times (bench.startup)")
     p.add_argument("--ready-timeout", type=float, default=300, help="seconds to wait for the engines (default 300)")
@@ -104,8 +107,25 @@ def service_phase(args: argparse.Namespace, res: dict, log_path: Path) -> None:
         warm_up(srv.url, paths, args)
         res["cells"] = measure_grid(srv.url, paths, args)
         res["memory"] = {"peak_gib": srv.health().get("peak_memory_gib")}  # the service's own reading
+        if not args.no_openai:
+            openai_phase(srv.url, res, args)
     finally:
         srv.stop()
+
+
+def openai_phase(url: str, res: dict, args: argparse.Namespace) -> None:
+    """The OpenAI routes: their cost over the demo route on one 64-prompt request, and vLLM's own
+    benchmark client (`vllm bench serve`) against each engine's base URL."""
+    model = requests.get(f"{url}/v1/models", timeout=30).json()["data"][0] if res["vllm_ok"] else None
+    engines = ["static", "vllm"] if res["vllm_ok"] else []  # the client fetches nothing: needs the id
+    if res["vllm_ok"]:
+        res["openai_overhead"] = serve_client.openai_overhead(url, measure.make_prompts(SWEEP_N), args.max_tokens, 3)
+        print(f"  /v1/completions vs /generate_vllm, {SWEEP_N} prompts: {res['openai_overhead']['ratio']:.3f}x")
+    res["vllm_bench_serve"] = {}
+    for engine in engines:
+        result = serve_client.run(url, engine, model["root"], model["id"], output_len=args.max_tokens)
+        res["vllm_bench_serve"][engine] = serve_client.summary(result)
+        print(f"  vllm bench serve, {engine}: {res['vllm_bench_serve'][engine]}", flush=True)
 
 
 def baseline_phase(args: argparse.Namespace, res: dict, log_path: Path) -> None:
@@ -177,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     json_path, png_path = report.write(res, args.out)
     print()
     report.print_report(res)
+    if res.get("vllm_bench_serve"):
+        print("\n### OpenAI routes\n\n" + "\n".join(serve_client.table(res)))
     for title, key, table in (("Fidelity", "fidelity", fidelity.table), ("Start-up", "startup", startup.table)):
         if res.get(key):
             print(f"\n### {title}\n\n" + "\n".join(table(res[key])))

@@ -19,7 +19,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import statistics
 import sys
+import time
 
 # base URL under the service's root, per engine: /v1/completions is vLLM, /static/v1/... static
 ENGINES = {"vllm": "", "static": "/static"}
@@ -60,9 +62,48 @@ def run(url: str, engine: str, model: str, name: str, *, num_prompts=64, input_l
         return main(args)
 
 
+def openai_overhead(url: str, prompts: list[str], max_tokens: int, repeats: int) -> dict:
+    """One request carrying every prompt, on /v1/completions and on /generate_vllm, interleaved
+    (the same engine, the same work): what the OpenAI layer costs. Seconds per run, each way."""
+    import requests
+
+    bodies = {
+        "/v1/completions": {"prompt": prompts, "temperature": 0},
+        "/generate_vllm": {"prompts": prompts},
+    }
+    runs: dict[str, list[float]] = {path: [] for path in bodies}
+    for _ in range(repeats):
+        for path, body in bodies.items():
+            started = time.perf_counter()
+            r = requests.post(url + path, json={**body, "max_tokens": max_tokens, "ignore_eos": True}, timeout=600)
+            r.raise_for_status()
+            runs[path].append(time.perf_counter() - started)
+    median = {path: statistics.median(times) for path, times in runs.items()}
+    return {"runs": runs, "ratio": median["/v1/completions"] / median["/generate_vllm"]}
+
+
 def summary(result: dict) -> dict:
     keys = ("completed", "failed", "request_throughput", "output_throughput", "median_ttft_ms", "p99_ttft_ms")
     return {key: result.get(key) for key in keys}
+
+
+def table(res: dict) -> list[str]:
+    """Markdown: the OpenAI layer's cost, and `vllm bench serve` per engine."""
+    lines = []
+    if res.get("openai_overhead"):
+        runs = res["openai_overhead"]["runs"]
+        cells = ", ".join(f"{path} {statistics.median(t):.2f} s" for path, t in runs.items())
+        lines += [f"One 64-prompt request: {cells}: {res['openai_overhead']['ratio']:.3f}x (target <= 1.05x)", ""]
+    lines += [
+        "| engine | completed | failed | req/s | output tok/s | median TTFT (ms) | p99 TTFT (ms) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for engine, r in res.get("vllm_bench_serve", {}).items():
+        lines.append(
+            f"| {engine} | {r['completed']} | {r['failed']} | {r['request_throughput']:.1f} |"
+            f" {r['output_throughput']:.0f} | {r['median_ttft_ms']:.0f} | {r['p99_ttft_ms']:.0f} |"
+        )
+    return lines
 
 
 def main() -> int:
