@@ -18,8 +18,8 @@ from tests.conftest import wait_until
 def server(tmp_path_factory):
     srv = Server(tmp_path_factory.mktemp("gunicorn") / "server.log", {"THREADS": "32"})
     try:
-        srv.wait_ready(600)
-        assert srv.proc.poll() is None, srv.log_text()[-3000:]
+        health = srv.wait_ready(900)
+        assert health["engines"]["vllm"]["status"] == "ready", (health, srv.log_text()[-3000:])
         yield srv
     finally:
         srv.stop()
