@@ -35,9 +35,8 @@ def started(srv: Server, *engines: str) -> Server:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = Server(
-        tmp_path_factory.mktemp("openai") / "server.log", API_KEY=f"other-key,{KEY}", MAX_PROMPTS_PER_REQUEST="8"
-    )
+    log = tmp_path_factory.mktemp("openai") / "server.log"
+    srv = Server(log, {"API_KEY": f"other-key,{KEY}", "MAX_PROMPTS_PER_REQUEST": "8"})
     try:
         yield started(srv, "static", "vllm")
     finally:
