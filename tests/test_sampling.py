@@ -199,7 +199,7 @@ def test_bad_sampling_values_get_422_naming_the_field_and_enqueue_nothing(vllm_a
             pytest.skip("no vLLM twin of /basic_generate")
     r = post(vllm_app.test_client(), path, body)
     assert r.status_code == 422 and r.json["type"] == "invalid_request" and param in r.json["error"], r.json
-    assert all(eng.workload.live() == {} for eng in vllm_app.extensions["engines"].values())
+    assert all(eng.inflight() == 0 for eng in vllm_app.extensions["engines"].values())
 
 
 def test_a_mixed_static_round_is_one_generate_call(app, caplog):
