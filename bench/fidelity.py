@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.measure import make_prompts
+from bench.measure import _timed, make_prompts
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = json.loads((Path(__file__).resolve().parent / "prompts.json").read_text())
@@ -52,13 +52,7 @@ def chat_texts(model_path: str) -> list[str]:
 
 
 def _median_seconds(fn, repeats: int = 3) -> float:
-    fn()  # warm-up
-    runs = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        runs.append(time.perf_counter() - started)
-    return statistics.median(runs)
+    return statistics.median(_timed(fn, repeats))  # measure's timer: a warm-up, then the runs
 
 
 def _static(spec: dict) -> dict:
