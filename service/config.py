@@ -36,6 +36,8 @@ class Config:
     max_body_bytes: int = 1 << 20
     request_timeout_s: float = 120.0
     torch_threads: int = 0  # 0: every core the process may use
+    # auto: a compiled decode step over a static KV cache on a GPU; eager on CPU (see README)
+    static_compile: str = "auto"  # auto | 0 | 1
     # continuous batching (vLLM)
     vllm_enabled: bool = True
     vllm_max_num_seqs: int = 64
@@ -66,6 +68,8 @@ class Config:
             raise ValueError(f"VLLM_TENSOR_PARALLEL_SIZE must be >= 1, got {self.vllm_tensor_parallel_size}")
         if self.dtype not in ("auto", "bfloat16", "float16", "float32"):
             raise ValueError(f"DTYPE must be auto, bfloat16, float16 or float32, got {self.dtype!r}")
+        if self.static_compile not in ("auto", "0", "1"):
+            raise ValueError(f"STATIC_COMPILE must be auto, 0 or 1, got {self.static_compile!r}")
         if self.vllm_enforce_eager not in ("auto", "0", "1"):
             raise ValueError(f"VLLM_ENFORCE_EAGER must be auto, 0 or 1, got {self.vllm_enforce_eager!r}")
         if self.max_input_tokens + self.max_new_tokens_limit > self.vllm_max_model_len:
