@@ -29,10 +29,12 @@ ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = json.loads((Path(__file__).resolve().parent / "prompts.json").read_text())
 MAX_TOKENS = 24
 PARIS_PROMPT = "What is the capital of France?"
-# (engine, dtype, eager); the first is the reference. "static" is the service's own Runner.
+# (engine, dtype, eager); the first is the reference. "static" is the service's own Runner, not
+# eager: STATIC_COMPILE=1 (its start includes compiling the first graph).
 CONFIGS = [
-    ("static", "float32", None),
-    ("static", "bfloat16", None),
+    ("static", "float32", True),
+    ("static", "float32", False),
+    ("static", "bfloat16", True),
     ("vllm", "bfloat16", False),
     ("vllm", "bfloat16", True),
     ("vllm", "float32", False),
@@ -61,7 +63,8 @@ def _static(spec: dict) -> dict:
 
     set_torch_threads(0)
     started = time.perf_counter()
-    runner = Runner(spec["model_path"], dtype=spec["dtype"])
+    runner = Runner(spec["model_path"], dtype=spec["dtype"], compile=not spec["eager"], max_batch=4)
+    compile_s = runner.warm_up() if runner.compiles else 0.0
     start_s = time.perf_counter() - started
 
     def run(prompts: list[str], max_tokens: int, ignore_eos: bool) -> list[list[int]]:
@@ -75,7 +78,7 @@ def _static(spec: dict) -> dict:
 
     completions = run(spec["texts"], MAX_TOKENS, False)
     speed = {n: _median_seconds(lambda n=n: run(make_prompts(n), 20, True)) for n in (4,)}
-    return {"start_s": start_s, "completions": completions, "decode_s": speed, "dtype": str(runner.dtype)}
+    return {"start_s": start_s, "compile_s": compile_s, "completions": completions, "decode_s": speed}
 
 
 def _vllm(spec: dict) -> dict:
@@ -153,7 +156,7 @@ def measure_all(log_path: Path, configs=CONFIGS) -> list[dict]:
     rows, reference = [], None
     with open(log_path, "a") as log:
         for engine, dtype, eager in configs:
-            mode = "" if eager is None else ("eager" if eager else "compiled")
+            mode = "eager" if eager else "compiled"
             print(f"fidelity: {engine} {dtype} {mode}", flush=True)
             log.flush()
             result = run_config(engine, dtype, eager, texts, model_path, log)
@@ -164,13 +167,14 @@ def measure_all(log_path: Path, configs=CONFIGS) -> list[dict]:
                 {
                     "engine": engine,
                     "dtype": dtype,
-                    "mode": "" if eager is None else ("eager" if eager else "compiled"),
+                    "mode": mode,
                     "exact": sum(a == b for a, b in pairs),
                     "prompts": len(pairs),
                     "prefix": statistics.mean(_agreeing_prefix(a, b) for a, b in pairs),
                     "paris": "Paris" in paris,
                     "paris_text": paris,
                     "start_s": result["start_s"],
+                    "compile_s": result.get("compile_s"),
                     "decode_s": result["decode_s"],
                 }
             )
@@ -181,7 +185,7 @@ def measure_all(log_path: Path, configs=CONFIGS) -> list[dict]:
 def table_row(r: dict) -> str:
     speed = " | ".join(f"{r['decode_s'][n]:.2f}" if n in r["decode_s"] else "-" for n in ("4", "64"))
     return (
-        f"| {r['engine']} | {r['dtype']} | {r['mode'] or '-'} | {r['exact']}/{r['prompts']} | {r['prefix']:.2f} |"
+        f"| {r['engine']} | {r['dtype']} | {r['mode']} | {r['exact']}/{r['prompts']} | {r['prefix']:.2f} |"
         f" {'yes' if r['paris'] else 'no: ' + r['paris_text'][:40].replace('|', '/').replace(chr(10), ' ')} |"
         f" {r['start_s']:.1f} | {speed} |"
     )
@@ -189,12 +193,28 @@ def table_row(r: dict) -> str:
 
 def table(rows: list[dict]) -> list[str]:
     head = [
-        "| engine | dtype | vLLM | exact (vs static fp32) | agreeing prefix | France -> Paris | start (s)"
+        "| engine | dtype | decoding | exact (vs static fp32 eager) | agreeing prefix | France -> Paris | start (s)"
         " | 4 prompts (s) | 64 prompts (s) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     # json round-trips the decode dict's int keys as strings
-    return head + [table_row({**r, "decode_s": {str(k): v for k, v in r["decode_s"].items()}}) for r in rows]
+    rows = [{**r, "decode_s": {str(k): v for k, v in r["decode_s"].items()}} for r in rows]
+    return head + [table_row(r) for r in rows] + static_compile_line(rows)
+
+
+def static_compile_line(rows: list[dict]) -> list[str]:
+    """STATIC_COMPILE=1 against 0, measured side by side in this run: a round of 4, 20 tokens."""
+    by = {(r["engine"], r["dtype"], r["mode"]): r for r in rows}
+    eager, fast = by.get(("static", "float32", "eager")), by.get(("static", "float32", "compiled"))
+    if not (eager and fast):
+        return []
+    speedup = eager["decode_s"]["4"] / fast["decode_s"]["4"]
+    return [
+        "",
+        f"STATIC_COMPILE=1 vs 0, a round of 4 (20 tokens), fp32: {eager['decode_s']['4']:.2f} s eager,"
+        f" {fast['decode_s']['4']:.2f} s compiled: {speedup:.2f}x (target 1.25x); first graph compiled"
+        f" in {fast['compile_s']:.0f} s",
+    ]
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -202,12 +222,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--log", type=Path, default=Path(tempfile.gettempdir()) / "bench-fidelity.log")
     p.add_argument(
         "--configs",
-        help="a subset, e.g. vllm:float32:eager,vllm:bfloat16:compiled (the fp32 reference always runs first)",
+        help="a subset, e.g. static:float32:compiled,vllm:float32:eager (the reference, static:float32:eager,"
+        " always runs first)",
     )
     args = p.parse_args(argv)
     configs = CONFIGS
     if args.configs:
-        modes = {"eager": True, "compiled": False, "": None}
+        modes = {"eager": True, "compiled": False, "": True}
         picked = [tuple(c.split(":") + [""])[:3] for c in args.configs.split(",")]
         configs = [CONFIGS[0]] + [(e, d, modes[m]) for e, d, m in picked if (e, d, modes[m]) != CONFIGS[0]]
     rows = measure_all(args.log, configs)
