@@ -58,6 +58,9 @@ def _median_seconds(fn, repeats: int = 3) -> float:
 
 
 def _static(spec: dict) -> dict:
+    from batcher.compile_cache import use_compile_cache
+
+    use_compile_cache(spec["compile_cache_dir"], "cpu" if spec["cpu"] else "cuda")  # STATIC_COMPILE's
     from batcher.runner import Runner, set_torch_threads
     from batcher.sequence import SamplingParams, Sequence
 
@@ -85,17 +88,21 @@ def _vllm(spec: dict) -> dict:
     from batcher.compile_cache import use_compile_cache
 
     use_compile_cache(spec["compile_cache_dir"], "cpu" if spec["cpu"] else "cuda")
+    from flask import Flask
     from vllm import LLM, SamplingParams
 
     started = time.perf_counter()
-    llm = LLM(
-        model=spec["model_path"],
-        dtype=spec["dtype"],
-        enforce_eager=spec["eager"],
-        max_model_len=2048,
-        max_num_seqs=64,
-        gpu_memory_utilization=0.5,
-    )
+    # vLLM's CPU backend hasattr()s every attribute of every imported module, and Flask's
+    # context-local proxies (imported with service.config) raise outside a context: give it one
+    with Flask(__name__).test_request_context():
+        llm = LLM(
+            model=spec["model_path"],
+            dtype=spec["dtype"],
+            enforce_eager=spec["eager"],
+            max_model_len=2048,
+            max_num_seqs=64,
+            gpu_memory_utilization=0.5,
+        )
     start_s = time.perf_counter() - started
     greedy = SamplingParams(max_tokens=MAX_TOKENS, temperature=0)
     outs = llm.generate(spec["texts"], greedy, use_tqdm=False)

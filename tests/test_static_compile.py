@@ -27,7 +27,9 @@ SMALL = {"max_input_tokens": 24, "max_new_tokens": 40}  # 64: one cache length f
 @pytest.fixture(scope="module")
 def compiled(model_path) -> Runner:
     runner = Runner(model_path, dtype="float32", compile="1", max_batch=4, **SMALL)
-    assert runner.compiles and runner.warm_up() > 0
+    # compiling patches torch process-wide: not while another test's vLLM engine builds or steps
+    with fence.model_work(), fence.static_round():
+        assert runner.compiles and runner.warm_up() > 0
     return runner
 
 
