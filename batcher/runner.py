@@ -157,9 +157,10 @@ class Runner:
     @torch.inference_mode()
     def generate(self, seqs: list[Sequence], inputs: dict[str, torch.Tensor]) -> dict[str, tuple[str, str]]:
         """Run one round; return {sequence id: (completion text, finish reason)}."""
-        real, extra = len(seqs), {}
+        real, cache_len, extra = len(seqs), None, {}
         if self.compile_config is not None:
-            seqs, inputs, extra = self._static_shapes(seqs, inputs)
+            seqs, inputs, cache_len = self._static_shapes(seqs, inputs)
+            extra["past_key_values"] = StaticCache(config=self.model.config, max_cache_len=cache_len)
         processors, recorder, sample = per_row.build(
             seqs, self.tokenizer, sorted(self.eos_ids), inputs["attention_mask"], self.model.config.vocab_size
         )
@@ -185,12 +186,14 @@ class Runner:
             streamer=rows,
             **extra,
         )
+        if cache_len is not None:  # compiled: this cache length's graph exists now
+            self._graphs.add(cache_len)
         return {seq.id: rows.finish(row) for row, seq in enumerate(seqs[:real])}
 
     def _static_shapes(self, seqs: list[Sequence], inputs: dict[str, torch.Tensor]):
         """A compiled round's fixed shapes, so that one graph per cache length serves every round:
         a short round is padded to `max_batch` rows with throwaway copies of its first row (one
-        token each, never returned), and its static cache is a `cache_bucket` long."""
+        token each, never returned); returns them with the static cache's length (a `cache_bucket`)."""
         fill = self.max_batch - len(seqs)
         if fill > 0:
             seqs = seqs + [Sequence(seqs[0].prompt, SamplingParams(max_tokens=1)) for _ in range(fill)]
@@ -198,5 +201,4 @@ class Runner:
         length = self._cache_len(inputs["input_ids"].shape[1] + max(s.params.max_tokens for s in seqs))
         if length not in self._graphs:
             log.info("static engine: compiling the decode step for a %d-token cache", length)
-            self._graphs.add(length)
-        return seqs, inputs, {"past_key_values": StaticCache(config=self.model.config, max_cache_len=length)}
+        return seqs, inputs, length
