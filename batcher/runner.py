@@ -26,6 +26,7 @@ from transformers import (
 )
 
 from batcher import processors as per_row
+from batcher.device import pick_device, pick_dtype
 from batcher.rows import RoundRows
 from batcher.sequence import SamplingParams, Sequence
 
@@ -39,24 +40,6 @@ _set_num_threads = torch.set_num_threads
 def set_torch_threads(n: int) -> None:
     """Intra-op threads for ops run by the calling thread; 0: every core this thread may use."""
     _set_num_threads(n or len(os.sched_getaffinity(0)))
-
-
-def pick_device(device: str) -> str:
-    if device != "auto":
-        return device
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def pick_dtype(dtype: str, device: str) -> torch.dtype:
-    """bf16 where the hardware computes it natively, else fp16 on a GPU, fp32 on a CPU."""
-    if dtype != "auto":
-        return getattr(torch, dtype)
-    if device.startswith("cuda"):
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    native_bf16 = torch.backends.cpu.get_cpu_capability() in ("AVX512", "AVX512_BF16") and (
-        torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-    )
-    return torch.bfloat16 if native_bf16 else torch.float32
 
 
 def pick_compile(value: str, device: str) -> bool:

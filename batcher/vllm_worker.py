@@ -91,7 +91,7 @@ class VLLMWorker(EngineThread):
         fence.install()
         from vllm import EngineArgs, LLMEngine
 
-        from batcher.runner import pick_device, pick_dtype
+        from batcher.device import pick_device, pick_dtype
 
         device = pick_device("auto")
         dtype = str(pick_dtype(self.dtype, device)).removeprefix("torch.")

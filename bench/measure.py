@@ -168,7 +168,7 @@ def _offline(spec: dict, config: Config) -> dict:
 
     from batcher.checkpoint import resolve_model
     from batcher.compile_cache import use_compile_cache
-    from batcher.runner import pick_device, pick_dtype
+    from batcher.device import pick_device, pick_dtype
     from batcher.vllm_worker import resolve_enforce_eager
 
     device = pick_device("auto")

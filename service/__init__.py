@@ -12,7 +12,8 @@ from transformers import AutoTokenizer
 from batcher.checkpoint import resolve_model
 from batcher.compile_cache import use_compile_cache
 from batcher.metrics import Metrics
-from batcher.runner import Runner, pick_device
+from batcher.device import pick_device
+from batcher.runner import Runner
 from batcher.vllm_worker import VLLMWorker
 from batcher.worker import ModelWorker
 from service import continuous, errors, openai_api, ops, page, static
