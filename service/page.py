@@ -5,7 +5,7 @@ from __future__ import annotations
 from flask import Blueprint, Response, current_app, render_template, request, stream_with_context
 
 from batcher.errors import NotReady
-from service import completion, schema
+from service import generation, schema
 from service.errors import InvalidRequest
 from service.race import MODES, PATHS, Race
 
@@ -39,7 +39,7 @@ def race():
         raise InvalidRequest(f"'engine' must be one of {sorted(PATHS)}, got {engine!r}")
     if not isinstance(mode, str) or mode not in MODES:
         raise InvalidRequest(f"'mode' must be one of {list(MODES)}, got {mode!r}")
-    eng = completion.engine(engine)
+    eng = generation.engine(engine)
     if eng.status != "ready":
         raise NotReady(f"the {engine} engine is not ready ({eng.status})")
     params = {"max_tokens": req.params.max_tokens, "ignore_eos": req.params.ignore_eos}
