@@ -9,7 +9,9 @@ from batcher.sequence import Sequence, TokenLogprob
 
 
 def usage(seqs: list[Sequence], n: int) -> dict:
-    prompt = sum(seq.prompt_tokens or 0 for seq in seqs)
+    """Token counts of a request's sequences, grouped per prompt (its n in a row): each prompt's
+    tokens once, however many completions it has, as vLLM counts them; every completion's own."""
+    prompt = sum(seq.prompt_tokens or 0 for seq in seqs[::n])
     generated = sum(len(seq.token_ids) for seq in seqs)
     return {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated}
 
