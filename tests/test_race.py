@@ -6,9 +6,9 @@ import threading
 
 import pytest
 
-from service import begin_shutdown, create_app, shutdown
+from service import begin_shutdown, create_app
 from service.config import Config
-from tests.test_api import post
+from tests.test_api import post, static_app
 
 
 def feed(response) -> list[dict]:
@@ -107,10 +107,8 @@ def test_the_race_checks_the_api_key_once_before_anything_else():
 @pytest.fixture
 def static_only_app():
     # a deadline that a feed waiting on held rounds would reach, were it not ended by the drain
-    app = create_app(Config(vllm_enabled=False, request_timeout_s=60))
-    assert app.extensions["engines"]["static"].wait_ready(60)
-    yield app
-    shutdown(app)
+    with static_app(request_timeout_s=60) as app:
+        yield app
 
 
 def test_a_drain_ends_the_feed_with_an_error_per_open_row_in_the_requests_own_thread(static_only_app, held_rounds):
