@@ -23,6 +23,8 @@ from service.errors import DeadlineExceeded
 class Engine(Protocol):
     name: str
 
+    def check_available(self) -> None: ...  # raises what submit() would for any request
+
     def submit(self, seqs: list[Sequence]) -> None: ...
 
 
