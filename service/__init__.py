@@ -11,18 +11,18 @@ from transformers import AutoTokenizer
 
 from batcher.checkpoint import resolve_model
 from batcher.compile_cache import use_compile_cache
-from batcher.metrics import Metrics
 from batcher.device import pick_device
+from batcher.metrics import Metrics
 from batcher.runner import Runner
 from batcher.vllm_worker import VLLMWorker
 from batcher.worker import ModelWorker
-from service import continuous, errors, openai_api, ops, page, static
+from service import demo, errors, openai_api, ops, page
 from service.config import Config
 
 log = logging.getLogger(__name__)
 
 # the routes that run prompts: counted in request_latency_seconds and logged one line each
-GENERATE_BLUEPRINTS = {"static", "vllm"} | {f"openai_{engine}" for engine in openai_api.PREFIXES}
+GENERATE_BLUEPRINTS = set(demo.ROUTES) | {f"openai_{engine}" for engine in openai_api.PREFIXES}
 
 
 def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
@@ -81,8 +81,9 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
     app.extensions["tokenizer"] = functools.cache(lambda: AutoTokenizer.from_pretrained(path))
     app.config["STARTED_AT"] = int(time.time())
 
-    for blueprint in (static.bp, continuous.bp, ops.bp, page.bp):
+    for blueprint in (ops.bp, page.bp):
         app.register_blueprint(blueprint)
+    demo.register(app)
     openai_api.register(app)
     errors.register(app)
     _observe_requests(app, metrics)

@@ -117,7 +117,8 @@ def _respond(body: dict, status: int) -> Response:
     return response
 
 
-def _log(exc: BaseException, status: int) -> None:
+def log_unexpected(exc: BaseException, status: int) -> None:
+    """A 500 that no one raised on purpose is a bug: its traceback goes to the log."""
     if status >= 500 and not isinstance(exc, (ApiError, EngineError, HTTPException)):
         log.exception("unhandled error", exc_info=exc)
 
@@ -128,7 +129,7 @@ def register(app: Flask) -> None:
     @app.errorhandler(Exception)
     def _demo(exc: Exception):
         status, type_ = describe(exc)
-        _log(exc, status)
+        log_unexpected(exc, status)
         return _respond(error_body(message(exc), type_), status)
 
 
@@ -138,5 +139,5 @@ def register_openai(bp: Blueprint) -> None:
     @bp.errorhandler(Exception)
     def _openai(exc: Exception):
         body, status = openai_error(exc)
-        _log(exc, describe(exc)[0])
+        log_unexpected(exc, describe(exc)[0])
         return _respond(body, status)

@@ -2,13 +2,12 @@
 continuous batching, `/static/v1/...` by the static batcher. So the `openai` SDK, and any
 benchmark client that speaks the OpenAI API, compares the two engines by its base URL alone.
 
-Only the shapes live here: requests are parsed by `schema` and `params`, run by
-`completion.complete()` or `completion.Pieces`, exactly as the demo routes run them.
+Only the routes live here, and the shapes in openai_replies.py: requests are parsed by `schema`
+and `params`, run by `generation.complete()` or `generation.Pieces`, as the demo routes run them.
 """
 
 from __future__ import annotations
 
-import itertools
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,16 +15,17 @@ from collections.abc import Iterator
 from flask import Blueprint, Flask, current_app, jsonify, request
 
 from batcher.errors import EngineError
-from batcher.sequence import Sequence, TokenLogprob
-from service import auth, completion, errors, schema
+from batcher.sequence import Sequence
+from service import auth, errors, generation, schema, sse
 from service.errors import ApiError, InvalidRequest, ModelNotFound
+from service.openai_replies import ChatShape, TextShape, usage
 from service.params import chat_logprobs, parse_n, parse_sampling
 
 bp = auth.protect(Blueprint("openai", __name__))
 errors.register_openai(bp)
 
 PREFIXES = {"vllm": "/v1", "static": "/static/v1"}
-DONE = "data: [DONE]\n\n"
+DONE = sse.event("[DONE]")
 
 
 def register(app: Flask) -> None:
@@ -37,7 +37,7 @@ def register(app: Flask) -> None:
 def _engine_available() -> None:
     """Every route of a loading, failed, disabled or stopping engine answers 503 with the reason."""
     if request.view_args is not None:
-        completion.engine(request.view_args["engine"]).check_available()
+        generation.engine(request.view_args["engine"]).check_available()
 
 
 def _config():
@@ -80,79 +80,6 @@ def _stream_options(body: dict) -> tuple[bool, bool]:
     return stream, schema.flag(options, "include_usage")
 
 
-def _usage(seqs: list[Sequence]) -> dict:
-    prompt = sum(seq.prompt_tokens or 0 for seq in seqs)
-    generated = sum(len(seq.token_ids) for seq in seqs)
-    return {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated}
-
-
-class TextShape:
-    """/completions: one choice per prompt (n per prompt), `text` in the reply and in each chunk."""
-
-    prefix, object, chunk_object = "cmpl", "text_completion", "text_completion"
-
-    @staticmethod
-    def logprobs(records: list[TokenLogprob] | None, offset: int = 0) -> dict | None:
-        """{tokens, token_logprobs, top_logprobs, text_offset}; `offset`: characters before."""
-        if records is None:
-            return None
-        offsets = list(itertools.accumulate((len(r.token) for r in records[:-1]), initial=offset))
-        return {
-            "tokens": [r.token for r in records],
-            "token_logprobs": [r.logprob for r in records],
-            "top_logprobs": [{text: lp for _, text, lp in r.top} for r in records],
-            "text_offset": offsets if records else [],
-        }
-
-    @classmethod
-    def choice(cls, index: int, seq: Sequence, records: list[TokenLogprob] | None) -> dict:
-        return {"index": index, "text": seq.text, "logprobs": cls.logprobs(records), "finish_reason": seq.finish_reason}
-
-    @staticmethod
-    def opening(count: int) -> list[dict]:
-        return []
-
-    @classmethod
-    def delta(cls, index: int, text: str, records=None, offset: int = 0, finish_reason: str | None = None) -> dict:
-        return {"index": index, "text": text, "logprobs": cls.logprobs(records, offset), "finish_reason": finish_reason}
-
-
-class ChatShape:
-    """/chat/completions: an assistant `message`; chunks carry a `delta`, the first one the role."""
-
-    prefix, object, chunk_object = "chatcmpl", "chat.completion", "chat.completion.chunk"
-
-    @staticmethod
-    def logprobs(records: list[TokenLogprob] | None, offset: int = 0) -> dict | None:
-        """{content: [{token, logprob, bytes, top_logprobs}], refusal}"""
-        if records is None:
-            return None
-
-        def entry(text: str, logprob: float) -> dict:
-            return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
-
-        content = [{**entry(r.token, r.logprob), "top_logprobs": [entry(t, lp) for _, t, lp in r.top]} for r in records]
-        return {"content": content, "refusal": None}
-
-    @classmethod
-    def choice(cls, index: int, seq: Sequence, records: list[TokenLogprob] | None) -> dict:
-        message = {"role": "assistant", "content": seq.text}
-        logprobs = cls.logprobs(records)
-        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": seq.finish_reason}
-
-    @staticmethod
-    def opening(count: int) -> list[dict]:
-        return [
-            {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-            for i in range(count)
-        ]
-
-    @classmethod
-    def delta(cls, index: int, text: str, records=None, offset: int = 0, finish_reason: str | None = None) -> dict:
-        delta = {"content": text} if text else {}
-        return {"index": index, "delta": delta, "logprobs": cls.logprobs(records), "finish_reason": finish_reason}
-
-
 def _respond(shape, engine: str, model: str, prompts: list[str], body: dict):
     """Run the prompts (n times each) and answer as one JSON object, or as server-sent chunks
     with `stream`. Choices are grouped per prompt: prompt p's i-th completion has index p*n + i."""
@@ -161,17 +88,18 @@ def _respond(shape, engine: str, model: str, prompts: list[str], body: dict):
     params = parse_sampling(body, config, default_temperature=1.0)  # OpenAI's default
     n = parse_n(body, config)
     want = params.logprobs is not None
-    eng = completion.engine(engine)
+    eng = generation.engine(engine)
     head = {"id": f"{shape.prefix}-{uuid.uuid4().hex}", "created": int(time.time()), "model": model}
     if stream:
-        pieces = completion.Pieces(eng, prompts, params, n)
-        return completion.sse(_chunks(pieces, shape, {**head, "object": shape.chunk_object}, include_usage, want))
-    seqs = completion.complete(eng, prompts, params, n)
+        pieces = generation.Pieces(eng, prompts, params, n)
+        chunks = _chunks(pieces, shape, {**head, "object": shape.chunk_object}, n, include_usage, want)
+        return sse.response(chunks)
+    seqs = generation.complete(eng, prompts, params, n)
     choices = [shape.choice(i, seq, seq.logprobs if want else None) for i, seq in enumerate(seqs)]
-    return jsonify({**head, "object": shape.object, "choices": choices, "usage": _usage(seqs)})
+    return jsonify({**head, "object": shape.object, "choices": choices, "usage": usage(seqs, n)})
 
 
-def _chunks(pieces: completion.Pieces, shape, head: dict, include_usage: bool, want: bool) -> Iterator[str]:
+def _chunks(pieces: generation.Pieces, shape, head: dict, n: int, include_usage: bool, want: bool) -> Iterator[str]:
     """One chunk per piece of text, a last one per choice with its finish_reason, the usage chunk
     if asked, then [DONE]; an error after the first byte is an error event, then [DONE].
     With logprobs, each chunk carries those of the tokens generated since the choice's last one."""
@@ -186,11 +114,11 @@ def _chunks(pieces: completion.Pieces, shape, head: dict, include_usage: bool, w
             records, sent_records[seq.id] = seq.logprobs[sent_records[seq.id] : end], end
         choice = shape.delta(index[seq.id], text, records, sent_chars[seq.id], finish_reason)
         sent_chars[seq.id] += len(text)
-        return completion.event({**head, "choices": [choice]})
+        return sse.event({**head, "choices": [choice]})
 
     try:
         for choice in shape.opening(len(pieces.seqs)):
-            yield completion.event({**head, "choices": [choice]})
+            yield sse.event({**head, "choices": [choice]})
         for seq, text in pieces:
             if text is not None:
                 yield chunk(seq, text)
@@ -199,10 +127,10 @@ def _chunks(pieces: completion.Pieces, shape, head: dict, include_usage: bool, w
             else:
                 yield chunk(seq, "", seq.finish_reason)
         if include_usage:
-            yield completion.event({**head, "choices": [], "usage": _usage(pieces.seqs)})
+            yield sse.event({**head, "choices": [], "usage": usage(pieces.seqs, n)})
         yield DONE
     except (ApiError, EngineError) as exc:
-        yield completion.event(errors.openai_error(exc)[0])
+        yield sse.event(errors.openai_error(exc)[0])
         yield DONE
     finally:
         pieces.close()  # also when the client went away: its sequences stop at their next step

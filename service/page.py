@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, Response, current_app, render_template, request, stream_with_context
+from flask import Blueprint, current_app, render_template, request
 
-from batcher.errors import NotReady
-from service import completion, schema
+from batcher.sequence import SamplingParams
+from service import auth, schema, sse
 from service.errors import InvalidRequest
-from service.race import MODES, PATHS, Race
+from service.race import MODES, Race
 
 bp = Blueprint("page", __name__)
 
@@ -32,19 +32,18 @@ def index():
 def race():
     """Body: {"engine": "static"|"vllm", "mode": "concurrent"|"batch", "prompts": [...],
     "max_tokens"?, "ignore_eos"?}. Server-sent events, one per event of each prompt's reply."""
+    auth.require_api_key()  # once for the race: the page itself stays open, its feed does not
     req = schema.from_request()  # prompts, max_tokens, ignore_eos: the generate routes' own checks
     body = request.get_json(force=True)  # parsed above already (cached); any Content-Type, as there
+    engines = current_app.extensions["engines"]
     engine, mode = body.get("engine"), body.get("mode", "concurrent")
-    if not isinstance(engine, str) or engine not in PATHS:
-        raise InvalidRequest(f"'engine' must be one of {sorted(PATHS)}, got {engine!r}")
+    if not isinstance(engine, str) or engine not in engines:
+        raise InvalidRequest(f"'engine' must be one of {sorted(engines)}, got {engine!r}")
     if not isinstance(mode, str) or mode not in MODES:
         raise InvalidRequest(f"'mode' must be one of {list(MODES)}, got {mode!r}")
-    eng = completion.engine(engine)
-    if eng.status != "ready":
-        raise NotReady(f"the {engine} engine is not ready ({eng.status})")
-    params = {"max_tokens": req.params.max_tokens, "ignore_eos": req.params.ignore_eos}
-    # the caller's credentials go with each prompt, so the generate routes' own auth applies
-    auth = {"Authorization": request.headers["Authorization"]} if "Authorization" in request.headers else {}
-    feed = Race(current_app._get_current_object(), engine, mode, req.prompts, params, auth)
-    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return Response(stream_with_context(iter(feed)), mimetype="text/event-stream", headers=headers)
+    eng = engines[engine]
+    eng.check_available()  # 503 now, before the feed: loading, failed, disabled, draining
+    # the page's two knobs; every other field at its neutral default, greedy
+    params = SamplingParams(max_tokens=req.params.max_tokens, ignore_eos=req.params.ignore_eos)
+    feed = Race(eng, mode, req.prompts, params, current_app.config["SERVICE"].request_timeout_s)
+    return sse.response(iter(feed))

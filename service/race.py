@@ -1,122 +1,137 @@
 """The race page's feed: one engine's N prompts, sent the chosen way, as one event stream.
 
-Each prompt goes through a real generate route of this app, so parsing, auth, the batching and
-every error are the service's own; the feed only multiplexes the replies, tagging each event
-with the prompt's `index` and `t_ms`, milliseconds since the race began (one clock for all rows).
+The feed hands the prompts to the engine itself, as the generate routes do (`fan_out`, the
+engine's `submit()`), and multiplexes what comes back in the demo streams' own events
+(demo_replies.py), each tagged with the prompt's `index` and `t_ms`, milliseconds since the
+race began (one clock for all rows), after a `{"index", "t_ms", "sent": true}`:
 
-- `concurrent`: N single-prompt requests to /generate_stream (or /generate_vllm_stream) with
-  `details`, each from its own thread, as N clients would send them.
-- `batch`: one request to /generate (or /generate_vllm) carrying the N prompts, with `details`.
+- `concurrent`: N one-prompt requests, each submitted on its own, as N clients of
+  /generate_stream (or /generate_vllm_stream) with `details` would send them: the round (or
+  step) each entered, its tokens as they come, its end.
+- `batch`: one request carrying the N prompts, as /generate (or /generate_vllm) with `details`:
+  each prompt's details once the whole request has finished.
 
 Why here and not N fetches from the page: a browser opens at most 6 HTTP/1.1 connections to one
 origin (Chromium and Firefox), so 16 or 64 concurrent streams from a page would run 6 at a time
-and the race would show the browser's limit, not the batchers'. The requests are dispatched
-through the WSGI app in this process (werkzeug's `Client`, no socket), each in its own thread as
-a gunicorn thread would run it.
+and the race would show the browser's limit, not the batchers'. The feed runs in its request's
+own thread, whatever N: the N streams share one queue of pieces. It ends early, with an error
+event on each open row, at the request deadline and as soon as its engine drains or stops (a
+demo race must not hold up a drain); when it ends, for whatever reason, it cancels what is left.
 """
 
 from __future__ import annotations
 
-import json
 import queue
-import threading
 import time
 from collections.abc import Iterator
 
-from flask import Flask
-from werkzeug.test import Client
+from batcher.errors import EngineError
+from batcher.sequence import SamplingParams, Sequence
+from service import demo_replies, sse
+from service.errors import log_unexpected
+from service.generation import Engine, deadline_exceeded, fan_out
 
-PATHS = {  # engine -> (streaming route, one-request route)
-    "static": ("/generate_stream", "/generate"),
-    "vllm": ("/generate_vllm_stream", "/generate_vllm"),
-}
 MODES = ("concurrent", "batch")
-
-
-def _sse_payloads(response) -> Iterator[dict]:
-    """The `data:` payloads of a streamed reply, as they arrive."""
-    buffer = ""
-    for chunk in response.response:
-        buffer += chunk.decode() if isinstance(chunk, bytes) else chunk
-        while "\n\n" in buffer:
-            event, buffer = buffer.split("\n\n", 1)
-            if event.startswith("data: "):
-                yield json.loads(event.removeprefix("data: "))
-
-
-def _error(response) -> dict:
-    try:
-        body = json.loads(response.get_data(as_text=True))
-    except ValueError:
-        body = {"error": response.status, "type": "http_error"}
-    return {"error": body.get("error"), "type": body.get("type"), "status": response.status_code}
+# How often a waiting feed looks at its engine: the engines announce a drain to no waiter, and a
+# look is two flags, so twice a second costs nothing and ends a race within half a second.
+CHECK_S = 0.5
 
 
 class Race:
     """One engine's run of `prompts`; iterate it for the SSE lines of the feed."""
 
-    def __init__(self, app: Flask, engine: str, mode: str, prompts: list[str], params: dict, headers: dict):
-        self.app, self.prompts, self.params, self.headers = app, prompts, params, headers
-        self.stream_path, self.batch_path = PATHS[engine]
-        self.mode = mode
-        self._events: queue.SimpleQueue = queue.SimpleQueue()
-        self._stopping = threading.Event()
+    def __init__(self, eng: Engine, mode: str, prompts: list[str], params: SamplingParams, timeout: float):
+        self.eng, self.mode, self.prompts, self.params, self.timeout = eng, mode, prompts, params, timeout
         self._t0 = time.monotonic()
+        self._deadline = self._t0 + timeout
+        self._seqs: list[Sequence] = []  # what the engine holds for this race, cancelled at the end
 
-    def _put(self, index: int, payload: dict | None) -> None:
-        t_ms = round((time.monotonic() - self._t0) * 1000, 1)
-        self._events.put(None if payload is None else {"index": index, "t_ms": t_ms, **payload})
+    def _event(self, index: int, payload: dict, at: float | None = None) -> str:
+        t_ms = round(((time.monotonic() if at is None else at) - self._t0) * 1000, 1)
+        return sse.event({"index": index, "t_ms": t_ms, **payload})
 
-    def _one_stream(self, index: int) -> None:
-        self._put(index, {"sent": True})
-        body = {"prompt": self.prompts[index], **self.params, "details": True}
-        response = Client(self.app).post(self.stream_path, json=body, headers=self.headers, buffered=False)
+    def _refused(self, exc: Exception) -> dict:
+        payload = demo_replies.error(exc)
+        log_unexpected(exc, payload["status"])
+        return payload
+
+    def _interrupted(self) -> BaseException | None:
+        """Why the feed must end now: the deadline passed, or the engine drains or stopped."""
+        if time.monotonic() >= self._deadline:
+            return deadline_exceeded(self.timeout)
         try:
-            if response.status_code != 200:
-                self._put(index, _error(response))
-                return
-            for payload in _sse_payloads(response):
-                self._put(index, payload)
-                if self._stopping.is_set():  # the page left: closing the reply cancels the sequence
-                    return
-        finally:
-            response.close()
+            self.eng.check_available()
+        except EngineError as exc:  # ShuttingDown, NotReady
+            return exc
+        return None
 
-    def _one_request(self) -> None:
-        for index in range(len(self.prompts)):
-            self._put(index, {"sent": True})
-        body = {"prompts": self.prompts, **self.params, "details": True}
-        response = Client(self.app).post(self.batch_path, json=body, headers=self.headers)
-        if response.status_code != 200:
-            for index in range(len(self.prompts)):
-                self._put(index, _error(response))
-            return
-        for index, detail in enumerate(response.get_json()["details"]):
-            self._put(index, {**detail, "done": True})
-
-    def _guarded(self, work, index: int) -> None:
-        try:
-            work()
-        except Exception as exc:  # a failed dispatch ends its own rows, never the feed
-            self._put(index, {"error": f"{type(exc).__name__}: {exc}", "type": "internal_error", "status": 500})
-        finally:
-            self._put(index, None)
+    def _wait_s(self) -> float:
+        return max(0.0, min(CHECK_S, self._deadline - time.monotonic()))
 
     def __iter__(self) -> Iterator[str]:
-        if self.mode == "batch":
-            works = [(self._one_request, 0)]
-        else:
-            works = [(lambda i=i: self._one_stream(i), i) for i in range(len(self.prompts))]
-        for work, index in works:
-            threading.Thread(target=self._guarded, args=(work, index), name="race", daemon=True).start()
-        open_ = len(works)
         try:
-            while open_:
-                event = self._events.get()
-                if event is None:
-                    open_ -= 1
-                    continue
-                yield f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
-            yield f"data: {json.dumps({'race_done': True})}\n\n"
+            yield from self._batch() if self.mode == "batch" else self._concurrent()
+            yield sse.event({"race_done": True})
         finally:
-            self._stopping.set()
+            for seq in self._seqs:  # a no-op for the ended; the page left or the feed ended early
+                seq.cancel()
+
+    def _concurrent(self) -> Iterator[str]:
+        pieces: queue.SimpleQueue = queue.SimpleQueue()
+        rows: dict[str, int] = {}  # sequence id -> index, while the sequence is open
+        sent = []  # written after every submit, so that the N requests go in together
+        for index, prompt in enumerate(self.prompts):
+            sent.append(self._event(index, {"sent": True}))
+            [seq] = fan_out([prompt], self.params, pieces=pieces)
+            try:
+                self.eng.submit([seq])
+            except Exception as exc:  # refused (queue full, shutting down, ...): this row only
+                sent.append(self._event(index, self._refused(exc)))
+                continue
+            self._seqs.append(seq)
+            rows[seq.id] = index
+        yield from sent
+        entered: set[str] = set()
+        while rows:
+            try:
+                seq, text = pieces.get(timeout=self._wait_s())
+            except queue.Empty:
+                seq = None
+            if seq is not None:
+                index = rows[seq.id]
+                if seq.id not in entered and seq.started_at is not None:  # the details event first
+                    entered.add(seq.id)
+                    yield self._event(index, demo_replies.started(seq), at=seq.started_at)
+                if text is not None:
+                    yield self._event(index, demo_replies.piece(seq, text))
+                else:
+                    yield self._event(index, demo_replies.ended(seq))
+                    del rows[seq.id]
+            stop = self._interrupted() if rows else None
+            if stop is not None:
+                for seq_id, index in rows.items():
+                    yield self._event(index, {"sequence_id": seq_id, **demo_replies.error(stop)})
+                return
+
+    def _batch(self) -> Iterator[str]:
+        indices = range(len(self.prompts))
+        sent = [self._event(index, {"sent": True}) for index in indices]
+        seqs = fan_out(self.prompts, self.params)
+        try:
+            self.eng.submit(seqs)
+        except Exception as exc:  # refused: the whole request, as /generate answers it
+            refused = self._refused(exc)
+            yield from sent
+            yield from (self._event(index, refused) for index in indices)
+            return
+        self._seqs = seqs
+        yield from sent
+        for seq in seqs:
+            while not seq.done.wait(self._wait_s()):
+                stop = self._interrupted()
+                if stop is not None:
+                    yield from (self._event(index, demo_replies.error(stop)) for index in indices)
+                    return
+        error = next((seq.error for seq in seqs if seq.error is not None), None)
+        for index, seq in enumerate(seqs):  # one failed prompt fails the request, as on /generate
+            yield self._event(index, demo_replies.error(error) if error else {**demo_replies.detail(seq), "done": True})

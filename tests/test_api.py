@@ -1,5 +1,6 @@
 """The HTTP API through Flask's test client, on the real app and model: replies and every error."""
 
+import contextlib
 import json
 import threading
 
@@ -11,6 +12,17 @@ from service.config import Config
 from tests.conftest import wait_until
 
 PARIS = {"prompts": ["The capital of France is"], "max_tokens": 5}
+
+
+@contextlib.contextmanager
+def static_app(**settings):
+    """An app of its own with the static engine alone, ready, for a test that changes its state."""
+    app = create_app(Config(vllm_enabled=False, **settings))
+    assert app.extensions["engines"]["static"].wait_ready(60)
+    try:
+        yield app
+    finally:
+        shutdown(app)
 
 
 def post(client, path, body):
@@ -174,10 +186,8 @@ def test_metrics_are_prometheus_text_that_counts_rounds_and_tokens(client):
 
 @pytest.fixture
 def tiny_queue_app():
-    app = create_app(Config(vllm_enabled=False, max_queue=3))
-    assert app.extensions["engines"]["static"].wait_ready(60)
-    yield app
-    shutdown(app)
+    with static_app(max_queue=3) as app:
+        yield app
 
 
 def test_a_full_queue_answers_429_with_retry_after_and_enqueues_nothing(tiny_queue_app):

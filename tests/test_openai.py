@@ -187,6 +187,22 @@ def test_n_stop_logprobs_and_seed_in_openais_shapes(sdk):
 
 
 @BASES
+def test_usage_counts_each_prompt_once_whatever_n(sdk, streaming_sdk, tokenizer):
+    prompts = [PARIS, "Once upon a time"]
+    prompt_tokens = sum(len(tokenizer(p).input_ids) for p in prompts)
+    asked = {"model": MODEL, "prompt": prompts, "max_tokens": 2, "n": 3, "extra_body": {"ignore_eos": True}}
+    reply = sdk.completions.create(**asked)
+    assert len(reply.choices) == 6 and reply.usage.completion_tokens == 6 * 2
+    assert reply.usage.prompt_tokens == prompt_tokens  # as vLLM counts: a prompt once, not n times
+    assert reply.usage.total_tokens == prompt_tokens + 6 * 2
+    *_, last = streaming_sdk.completions.create(**asked, stream=True, stream_options={"include_usage": True})
+    assert last.usage.prompt_tokens == prompt_tokens and last.usage.completion_tokens == 6 * 2
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    one, two = (sdk.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, n=n) for n in (1, 2))
+    assert len(two.choices) == 2 and two.usage.prompt_tokens == one.usage.prompt_tokens > 10
+
+
+@BASES
 def test_errors_arrive_as_the_sdks_exception_classes(sdk):
     with pytest.raises(openai.BadRequestError) as bad:
         sdk.completions.create(model=MODEL, prompt=PARIS, max_tokens=0)

@@ -2,12 +2,13 @@
 
 import json
 import re
+import threading
 
 import pytest
 
-from service import create_app
+from service import begin_shutdown, create_app
 from service.config import Config
-from tests.test_api import post
+from tests.test_api import post, static_app
 
 
 def feed(response) -> list[dict]:
@@ -92,3 +93,41 @@ def test_a_race_on_an_engine_that_is_not_ready_answers_503():
     for engine, state in (("vllm", "disabled"), ("static", "loading")):
         r = post(app.test_client(), "/race", {"engine": engine, "prompts": ["a"]})
         assert r.status_code == 503 and r.json["type"] == "engine_unavailable" and state in r.json["error"]
+
+
+def test_the_race_checks_the_api_key_once_before_anything_else():
+    app = create_app(Config(vllm_enabled=False, api_key="race-key"), start=False)
+    body = {"engine": "static", "prompts": ["a"]}
+    none = post(app.test_client(), "/race", body)
+    assert none.status_code == 401 and none.json["type"] == "invalid_api_key"
+    keyed = app.test_client().post("/race", json=body, headers={"Authorization": "Bearer race-key"})
+    assert keyed.status_code == 503 and keyed.json["type"] == "engine_unavailable"  # past the key: the engine
+
+
+@pytest.fixture
+def static_only_app():
+    # a deadline that a feed waiting on held rounds would reach, were it not ended by the drain
+    with static_app(request_timeout_s=60) as app:
+        yield app
+
+
+def test_a_drain_ends_the_feed_with_an_error_per_open_row_in_the_requests_own_thread(static_only_app, held_rounds):
+    engine = static_only_app.extensions["engines"]["static"]
+    threads_before = set(threading.enumerate())
+    body = {"engine": "static", "prompts": ["a", "b", "c"], "max_tokens": 50, "ignore_eos": True}
+    reply = static_only_app.test_client().post("/race", json=body, buffered=False)
+    assert reply.status_code == 200
+    chunks = (json.loads(c.decode().removeprefix("data: ")) for c in reply.response if c.strip())
+    sent = [next(chunks) for _ in body["prompts"]]
+    assert [e["index"] for e in sent] == [0, 1, 2] and all(e["sent"] for e in sent)
+    # the rounds are held: every prompt is submitted and none has entered; no thread per prompt
+    assert set(threading.enumerate()) - threads_before == set()
+    begin_shutdown(static_only_app)
+    rest = list(chunks)  # the old feed waited here for the deadline, then ended each row with a 504
+    assert rest[-1] == {"race_done": True}
+    rows = by_index(rest)
+    assert sorted(rows) == [0, 1, 2]
+    assert all(evts[-1]["type"] == "shutting_down" and evts[-1]["status"] == 503 for evts in rows.values())
+    reply.close()
+    held_rounds()  # the feed cancelled its sequences: the held round drops them, the drain ends
+    assert engine.wait_drained(60) and engine.inflight() == 0

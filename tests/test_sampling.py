@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from batcher.sequence import SamplingParams, Sequence
-from service.completion import fan_out
+from service.generation import fan_out
 from tests.test_api import post
 
 ENGINES = {"static": ("/generate", "/generate_stream"), "vllm": ("/generate_vllm", "/generate_vllm_stream")}

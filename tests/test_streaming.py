@@ -5,10 +5,9 @@ import threading
 
 import pytest
 
-from service import create_app, shutdown
-from service.config import Config
+from service import shutdown
 from tests.conftest import wait_until
-from tests.test_api import post
+from tests.test_api import post, static_app
 
 
 def events(response) -> list[dict]:
@@ -68,10 +67,8 @@ def test_an_error_before_the_first_token_is_a_plain_json_error(app, client, shor
 
 @pytest.fixture
 def static_only_app():
-    app = create_app(Config(vllm_enabled=False))
-    assert app.extensions["engines"]["static"].wait_ready(60)
-    yield app
-    shutdown(app)
+    with static_app() as app:
+        yield app
 
 
 def test_an_error_after_the_first_token_is_the_streams_last_event(static_only_app):

@@ -1,0 +1,126 @@
+"""The engine side of every generate request, whichever engine and whichever API: submit, wait.
+
+Both engines take `Sequence`s through `submit()` and set each one's `done` event; the views only
+choose the engine and shape the reply. `complete()` waits for whole texts; `Pieces` is the
+engine side of a stream (submit, wait for the first piece, deadline, cancel on close), written
+once; each API shapes what they return (demo_replies.py, openai_replies.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import time
+from collections.abc import Iterator
+from typing import Protocol
+
+from flask import current_app
+
+from batcher.sequence import SamplingParams, Sequence
+from service.errors import DeadlineExceeded
+
+
+class Engine(Protocol):
+    name: str
+
+    def check_available(self) -> None: ...  # raises what submit() would for any request
+
+    def submit(self, seqs: list[Sequence]) -> None: ...
+
+
+def engine(name: str) -> Engine:
+    return current_app.extensions["engines"][name]
+
+
+def _timeout() -> float:
+    return current_app.config["SERVICE"].request_timeout_s
+
+
+def deadline_exceeded(timeout: float) -> DeadlineExceeded:
+    return DeadlineExceeded(f"request took longer than {timeout:g}s")
+
+
+def fan_out(
+    prompts: list[str], params: SamplingParams, n: int = 1, *, pieces: queue.SimpleQueue | None = None, solo=False
+) -> list[Sequence]:
+    """n sequences per prompt, grouped per prompt in order (prompt 0's n, then prompt 1's...).
+    With a seed, the i-th of a prompt's n gets seed + i, as vLLM does for its own n: n draws
+    that differ, each reproducible. `pieces`: the queue a streamed request reads; `solo`: each
+    runs in a round of its own (static engine)."""
+    per_copy = [params if params.seed is None else dataclasses.replace(params, seed=params.seed + i) for i in range(n)]
+    return [Sequence(prompt, p, pieces=pieces, solo=solo) for prompt in prompts for p in per_copy]
+
+
+def complete(eng: Engine, prompts: list[str], params: SamplingParams, n: int = 1, *, solo=False) -> list[Sequence]:
+    """Run every prompt (n times each) on `eng` and wait for all of them, or fail the request."""
+    seqs = fan_out(prompts, params, n, solo=solo)
+    if not seqs:
+        return seqs
+    eng.submit(seqs)
+    deadline = time.monotonic() + _timeout()
+    for seq in seqs:
+        if not seq.done.wait(max(0.0, deadline - time.monotonic())):
+            for s in seqs:  # skipped if still queued, dropped at the next step if running
+                s.cancel()
+            raise deadline_exceeded(_timeout())
+    for seq in seqs:
+        if seq.error is not None:
+            raise seq.error
+    return seqs
+
+
+class Pieces:
+    """The engine side of a streamed request: iterate `(sequence, text)` for each piece of text
+    as its decoding step produces it, and `(sequence, None)` when that sequence has ended (its
+    `finish_reason` or `error` is then set); the iteration ends when every sequence has.
+
+    The constructor submits and waits for the first piece, so that an error before it (queue
+    full, engine down, deadline, a failed first round) raises in the view and becomes a plain
+    HTTP error with its status code (with `until_entered`, only until the sequence entered its
+    round). After that, a deadline raises `DeadlineExceeded` from the iteration. `close()`
+    cancels whatever still runs: call it when the client is gone.
+    """
+
+    def __init__(self, eng: Engine, prompts: list[str], params: SamplingParams, n: int = 1, *, until_entered=False):
+        """`until_entered`: answer as soon as the (first) sequence enters its round or step, not at
+        its first piece, so that a details event can go first; an error before that point still
+        raises here."""
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.seqs = fan_out(prompts, params, n, pieces=self._queue)
+        eng.submit(self.seqs)
+        self._deadline = time.monotonic() + _timeout()
+        self._timeout_error = deadline_exceeded(_timeout())
+        if until_entered:
+            seq, self._first = self.seqs[0], None
+            if not seq.entered.wait(max(0.0, self._deadline - time.monotonic())):
+                self.close()
+                raise self._timeout_error
+            failed = seq.started_at is None and seq.error is not None  # resolved without running
+        else:
+            self._first = self._next()
+            seq = self._first[0]
+            failed = self._first[1] is None and seq.error is not None
+        if failed:
+            self.close()
+            raise seq.error
+
+    def _next(self) -> tuple[Sequence, str | None]:
+        try:
+            return self._queue.get(timeout=max(0.0, self._deadline - time.monotonic()))
+        except queue.Empty:
+            self.close()
+            raise self._timeout_error from None
+
+    def __iter__(self) -> Iterator[tuple[Sequence, str | None]]:
+        piece, open_ = self._first or self._next(), len(self.seqs)
+        while True:
+            yield piece
+            if piece[1] is None:
+                open_ -= 1
+                if not open_:
+                    return
+            piece = self._next()
+
+    def close(self) -> None:
+        for seq in self.seqs:  # a no-op for sequences that already ended
+            seq.cancel()
