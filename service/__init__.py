@@ -7,13 +7,11 @@ import logging
 import time
 
 from flask import Flask, g, request
-from transformers import AutoTokenizer
 
 from batcher.checkpoint import resolve_model
 from batcher.compile_cache import use_compile_cache
 from batcher.metrics import Metrics
 from batcher.vllm_worker import VLLMWorker
-from batcher.worker import ModelWorker
 from service import continuous, errors, openai_api, ops, page, static
 from service.config import Config
 
@@ -27,6 +25,12 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
     """Build the app and start its engines (each loads its model in its own thread).
 
     `start=False` builds everything but starts no thread (for tests of the app alone)."""
+    # torch and transformers load here, not at import: deploy/ and batcher.checkpoint's command
+    # import `service` for its Config alone
+    from transformers import AutoTokenizer
+
+    from batcher.worker import ModelWorker
+
     config = config or Config.from_env()
     app = Flask(__name__)
     app.config["SERVICE"] = config

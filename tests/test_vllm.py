@@ -130,3 +130,19 @@ def test_an_abort_that_fails_is_logged_and_the_prompts_still_answered(vllm_app, 
     aborts = [rec for rec in caplog.records if "could not abort" in rec.getMessage()]
     assert aborts and "injected abort failure" in str(aborts[0].exc_info[1])
     assert engine.inflight() == 0 and engine.unfinished() == 0
+
+
+def test_health_shows_each_engines_resolved_settings_and_the_same_counts(vllm_app, vllm_client):
+    engines = vllm_client.get("/health").json["engines"]
+    static, vllm = engines["static"]["settings"], engines["vllm"]["settings"]
+    assert set(static) == {"device", "dtype", "compile"} and set(vllm) == {"device", "dtype", "enforce_eager"}
+    assert "auto" not in [*static.values(), *vllm.values()]  # resolved, once, at create_app
+    runner = vllm_app.extensions["engines"]["static"].runner
+    assert (runner.device, str(runner.dtype), runner.compiles) == (
+        static["device"],
+        f"torch.{static['dtype']}",
+        static["compile"],
+    )
+    assert vllm["enforce_eager"] is engines["vllm"]["eager"]
+    for name in ("static", "vllm"):  # one name per count on both engines
+        assert {"queued", "running", "inflight"} <= set(engines[name]), name
