@@ -90,10 +90,13 @@ def save_atomically(target: Path, save: Callable[[Path], None]) -> None:
 
 
 def main() -> int:
+    """`make setup`'s step: MODEL and CACHE_DIR as the service reads them (its Config; imported
+    here, in the command only, since the service's settings sit above this module)."""
+    from service.config import Config
+
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    cache_dir = os.environ.get("CACHE_DIR", ".cache/models")
-    model = os.environ.get("MODEL", DEFAULT_MODEL)
-    print(resolve_model(model, cache_dir))
+    config = Config.from_env()
+    print(resolve_model(config.model, config.cache_dir))
     return 0
 
 

@@ -1,6 +1,7 @@
 """RoundRows: the per-row bookkeeping of one static round, as `generate()`'s streamer and
-stopping criteria. It ends each row at its own EOS, stop token, stop string or max_tokens,
-records logprobs, and streams text without ever sending a possible start of a stop string."""
+stopping criteria. It ends each row at its own EOS, stop token, stop string or max_tokens, hands
+each row's tokens, logprob records and text to its `Sequence` (which streams them), and never
+hands out a possible start of a stop string. The worker finishes each sequence with its reason."""
 
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ class RoundRows(BaseStreamer, StoppingCriteria):
         self.eos_ids = eos_ids
         self.logprobs = logprobs
         self.reasons: list[str | None] = [None] * len(seqs)
-        self.sent: list[str] = [""] * len(seqs)  # text already streamed, per row
         self.texts: list[str | None] = [None] * len(seqs)  # decoded so far (rows with stop strings)
         self.stop_from: list[int] = [0] * len(seqs)  # stop strings must end after this offset
 
@@ -39,9 +39,7 @@ class RoundRows(BaseStreamer, StoppingCriteria):
             if token in self.eos_ids or token in seq.params.stop_token_ids:
                 self.reasons[row] = "stop"
                 continue
-            seq.token_ids.append(token)
-            if row in records:
-                seq.logprobs.append(records[row])
+            seq.add_tokens([token], [records[row]] if row in records else ())
             if seq.stream or seq.params.stop:
                 self._advance(row)
             if self.reasons[row] is None and len(seq.token_ids) >= seq.params.max_tokens:
@@ -69,20 +67,20 @@ class RoundRows(BaseStreamer, StoppingCriteria):
             cut = find_stop(text, stops, max(searched, self.stop_from[row]))
             if cut is not None:
                 self.texts[row], self.reasons[row] = text[:cut], "stop"
-                return  # finish() streams what is left before the stop string
+                return  # finish() hands over what is left before the stop string
         # Hold back a trailing U+FFFD (a multi-byte character split across tokens comes out
-        # whole) and any tail that may be the start of a stop string.
+        # whole) and any tail that may be the start of a stop string. `seq.text` is what the
+        # row handed over so far.
         if seq.stream and not text.endswith("\ufffd"):
-            safe = max(len(text) - held_back(text, stops), len(self.sent[row]))
-            seq.emit(text[len(self.sent[row]) : safe])
-            self.sent[row] = text[:safe]
+            safe = max(len(text) - held_back(text, stops), len(seq.text))
+            seq.add_text(text[len(seq.text) : safe])
 
-    def finish(self, row: int) -> tuple[str, str]:
-        """The row's final text and finish reason; streams whatever was held back."""
+    def finish(self, row: int) -> str:
+        """Hand the row's sequence the rest of its text (what was held back, or all of it when it
+        was not streamed); returns the row's finish reason."""
         seq = self.seqs[row]
         text = self.texts[row]
         if text is None or self.reasons[row] != "stop":  # decoded whole, without held-back bytes
             text = self.tokenizer.decode(seq.token_ids, skip_special_tokens=True)
-        if seq.stream:
-            seq.emit(text[len(self.sent[row]) :])
-        return text, self.reasons[row] or "length"
+        seq.add_text(text[len(seq.text) :])
+        return self.reasons[row] or "length"

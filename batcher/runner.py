@@ -7,6 +7,7 @@ rides on hooks that `transformers.generate()` already offers, so a round stays o
 - a `StoppingCriteria` (batcher/rows.py) ends each row at its own max_tokens, EOS, stop token or
   stop string, or when it is cancelled,
 - the same object is the streamer: it receives each step's tokens, so text leaves as produced.
+Each row's tokens and text go straight into its `Sequence`; a round returns only the reasons.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ from transformers import (
 )
 
 from batcher import processors as per_row
-from batcher.device import pick_device, pick_dtype
 from batcher.rows import RoundRows
 from batcher.sequence import SamplingParams, Sequence
+from batcher.settings import StaticSettings
 
 log = logging.getLogger(__name__)
 
@@ -40,15 +41,6 @@ _set_num_threads = torch.set_num_threads
 def set_torch_threads(n: int) -> None:
     """Intra-op threads for ops run by the calling thread; 0: every core this thread may use."""
     _set_num_threads(n or len(os.sched_getaffinity(0)))
-
-
-def pick_compile(value: str, device: str) -> bool:
-    """STATIC_COMPILE: auto compiles on a GPU only. On this project's CPU the compiled decode step
-    was 1.19x faster on a round of 4 (20 tokens), short of the 1.25x that pays for ~100 s of
-    compile per batch size (README, *Compiled static decoding*)."""
-    if value == "auto":
-        return device.startswith("cuda")
-    return value in (True, "1")
 
 
 def compile_config(device: str) -> CompileConfig:
@@ -71,23 +63,15 @@ def cache_bucket(needed: int, ceiling: int) -> int:
 class Runner:
     """A causal LM and its tokenizer, ready to run rounds. Not thread-safe: one model thread."""
 
-    def __init__(
-        self,
-        model_path: str,
-        *,
-        dtype: str = "auto",
-        device: str = "auto",
-        max_input_tokens: int = 512,
-        max_new_tokens: int = 512,
-        compile: str | bool = False,
-        max_batch: int = 4,
-    ):
-        self.device = pick_device(device)
-        self.dtype = pick_dtype(dtype, self.device)
-        self.max_input_tokens = max_input_tokens
-        self.compile_config = compile_config(self.device) if pick_compile(compile, self.device) else None
-        self.max_batch = max_batch
-        self.max_cache_len = max_input_tokens + max_new_tokens
+    def __init__(self, settings: StaticSettings):
+        self.settings = settings
+        self.device = settings.device
+        self.dtype = getattr(torch, settings.dtype)
+        self.max_input_tokens = settings.max_input_tokens
+        self.compile_config = compile_config(self.device) if settings.compile else None
+        self.max_batch = settings.batch_size
+        self.max_cache_len = settings.max_input_tokens + settings.max_new_tokens
+        model_path = settings.model_path
         self._graphs: set[int] = set()  # cache lengths compiled so far
         if self.compile_config is not None:  # a graph per cache length (cache_bucket), not more
             limit = cache_bucket(self.max_cache_len, self.max_cache_len).bit_length()
@@ -138,8 +122,9 @@ class Runner:
         ).to(self.device)
 
     @torch.inference_mode()
-    def generate(self, seqs: list[Sequence], inputs: dict[str, torch.Tensor]) -> dict[str, tuple[str, str]]:
-        """Run one round; return {sequence id: (completion text, finish reason)}."""
+    def generate(self, seqs: list[Sequence], inputs: dict[str, torch.Tensor]) -> list[str]:
+        """Run one round: each sequence receives its tokens and text (streamed as they come);
+        returns the finish reasons, in the order of `seqs`. The caller finishes the sequences."""
         real, cache_len, extra = len(seqs), None, {}
         if self.compile_config is not None:
             seqs, inputs, cache_len = self._static_shapes(seqs, inputs)
@@ -171,7 +156,7 @@ class Runner:
         )
         if cache_len is not None:  # compiled: this cache length's graph exists now
             self._graphs.add(cache_len)
-        return {seq.id: rows.finish(row) for row, seq in enumerate(seqs[:real])}
+        return [rows.finish(row) for row in range(real)]
 
     def _static_shapes(self, seqs: list[Sequence], inputs: dict[str, torch.Tensor]):
         """A compiled round's fixed shapes, so that one graph per cache length serves every round:

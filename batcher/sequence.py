@@ -6,6 +6,7 @@ import itertools
 import queue
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -60,6 +61,20 @@ class Status(StrEnum):
     CANCELLED = "cancelled"
 
 
+class Piece(str):
+    """A streamed piece of a sequence's text, carrying the logprob records of the tokens it is
+    the first piece to cover (empty without `logprobs`). A `str`, so a reader that wants only
+    the text uses it as one; a reader that wants the records takes `piece.logprobs` instead of
+    looking at `Sequence.logprobs`, which the engine is still appending to."""
+
+    logprobs: tuple[TokenLogprob, ...]
+
+    def __new__(cls, text: str, logprobs: tuple[TokenLogprob, ...] = ()) -> Piece:
+        piece = super().__new__(cls, text)
+        piece.logprobs = logprobs
+        return piece
+
+
 _ids = itertools.count(1)
 
 
@@ -71,29 +86,37 @@ def _next_id() -> str:
 class Sequence:
     """A prompt, its parameters and everything the engine hands back.
 
-    The model thread writes the result fields and then sets `done`; the request thread reads
-    them only after `done` is set. `cancel()` is the one thing the request thread writes: the
-    engine reads it between steps and drops the sequence.
+    Who writes what, and when it may be read:
+    - the engine thread writes the result (`token_ids`, `logprobs`, `text`, `prompt_tokens`, then
+      `finish_reason` or `error`) only through the methods below, `start` -> `add_tokens` /
+      `add_text` -> `finish` or `fail`; the last sets `finished_at`, puts the end marker and
+      sets `done`. The request thread reads the result once `done` is set (or once it took the
+      end marker `(self, None)` from `pieces`, which comes after every write).
+    - `start` writes the round's details (`round`, `batch_size`, `batch_shape`, `started_at`)
+      and then sets `entered`: those may be read from then on.
+    - while the sequence runs, a streamed request reads only what each piece carries: the text,
+      and its logprob records (`Piece.logprobs`).
+    - `cancel()` is the one thing the request thread writes: the engine reads it between steps
+      and drops the sequence.
+    `status` is not stored: it follows from these events.
     """
 
     prompt: str
     params: SamplingParams = field(default_factory=SamplingParams)
-    # where a streamed sequence puts (self, text) for each piece and (self, None) at its end; the
+    # where a streamed sequence puts (self, Piece) for each piece and (self, None) at its end; the
     # sequences of one streamed request share one queue, so their pieces arrive in step order
     pieces: queue.SimpleQueue | None = field(default=None, repr=False)
     solo: bool = False  # runs in a round of its own (the unbatched baseline, /basic_generate)
     id: str = field(default_factory=_next_id)
-    status: Status = Status.QUEUED
     prompt_tokens: int | None = None  # as the engine tokenized (and maybe truncated) the prompt
     token_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    finish_reason: str | None = None  # "length" | "stop"
-    # one per generated token whose text is returned (params.logprobs set); the engine appends
-    # before it emits the text that covers the token
+    text: str = ""  # the pieces so far, joined; the completion once done
+    finish_reason: str | None = None  # "length" | "stop" | "cancelled"
+    # one per generated token whose text is returned (params.logprobs set)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     error: BaseException | None = None
     # batching details, filled in by the engine that ran it
-    round: int | None = None
+    round: int | str | None = None
     batch_size: int | None = None
     batch_shape: tuple[int, ...] | None = None
     # timestamps (time.monotonic)
@@ -104,10 +127,19 @@ class Sequence:
     # set when the engine takes it into a round or step, or resolves it without running it
     entered: threading.Event = field(default_factory=threading.Event, repr=False)
     _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
+    _covered: int = field(default=0, repr=False)  # logprob records already handed out with a piece
 
     @property
     def stream(self) -> bool:
         return self.pieces is not None
+
+    @property
+    def status(self) -> Status:
+        if self.done.is_set():
+            if self.error is not None:
+                return Status.FAILED
+            return Status.CANCELLED if self.finish_reason == "cancelled" else Status.FINISHED
+        return Status.QUEUED if self.started_at is None else Status.RUNNING
 
     # --- request thread side -------------------------------------------------------------
     def cancel(self) -> None:
@@ -119,27 +151,39 @@ class Sequence:
 
     # --- engine side ---------------------------------------------------------------------
     def start(self, round_no: int | str, batch_size: int, shape: tuple[int, ...] | None) -> None:
-        self.status = Status.RUNNING
         self.started_at = time.monotonic()
         self.round, self.batch_size, self.batch_shape = round_no, batch_size, shape
         self.entered.set()
 
-    def emit(self, delta: str) -> None:
-        if delta and self.pieces is not None:
-            self.pieces.put((self, delta))
+    def add_tokens(self, token_ids: Iterable[int], logprobs: Iterable[TokenLogprob] = ()) -> None:
+        """Generated tokens (and their records), before the text that covers them."""
+        self.token_ids.extend(token_ids)
+        self.logprobs.extend(logprobs)
 
-    def finish(self, text: str, reason: str) -> None:
-        self.text, self.finish_reason = text, reason
-        self._close(Status.CANCELLED if self.cancelled else Status.FINISHED)
+    def add_text(self, delta: str) -> None:
+        """The next piece of the completion; a streamed sequence hands it out at once, with the
+        records of the tokens added since the last piece."""
+        if not delta:
+            return
+        self.text += delta
+        if self.pieces is not None:
+            records, self._covered = tuple(self.logprobs[self._covered :]), len(self.logprobs)
+            self.pieces.put((self, Piece(delta, records)))
+
+    def finish(self, reason: str) -> None:
+        """Done with what it was given: `text` is the completion."""
+        if not self.done.is_set():
+            self.finish_reason = reason
+        self._close()
 
     def fail(self, error: BaseException) -> None:
-        self.error = error
-        self._close(Status.FAILED)
+        if not self.done.is_set():
+            self.error = error
+        self._close()
 
-    def _close(self, status: Status) -> None:
+    def _close(self) -> None:
         if self.done.is_set():
             return
-        self.status = status
         self.finished_at = time.monotonic()
         if self.pieces is not None:
             self.pieces.put((self, None))

@@ -23,87 +23,63 @@ from batcher import fence
 from batcher.engine import EngineThread
 from batcher.errors import RoundFailed, ShuttingDown
 from batcher.metrics import Metrics
-from batcher.sequence import Sequence, TokenLogprob
+from batcher.sequence import Sequence
+from batcher.settings import VLLMSettings
+from batcher.vllm_translate import logprob_records, sampling_params
 
 log = logging.getLogger(__name__)
 
 
 class VLLMWorker(EngineThread):
+    """The sequences in the engine are the workload's taken ones (added, or about to be)."""
+
     name = "vllm"
 
     def __init__(
         self,
-        model_path: str,
+        settings: VLLMSettings,
         *,
-        dtype: str = "auto",
-        max_num_seqs: int = 64,
-        max_model_len: int = 2048,
-        max_input_tokens: int = 512,
-        kv_cache_gib: int = 1,
-        gpu_memory_utilization: float = 0.5,
-        max_inbox: int = 256,
-        enforce_eager: str | bool = "auto",
-        tensor_parallel_size: int = 1,
-        enabled: bool = True,
         context: Callable[[], AbstractContextManager] = contextlib.nullcontext,
         metrics: Metrics | None = None,
     ):
-        super().__init__(max_queue=max_inbox, metrics=metrics, enabled=enabled, why_disabled="VLLM_ENABLED is off")
-        self._model_path = model_path
-        self.dtype = dtype
-        self.max_num_seqs = max_num_seqs
-        self.max_model_len = max_model_len
-        self.max_input_tokens = max_input_tokens
-        self.kv_cache_gib = kv_cache_gib
-        self.gpu_memory_utilization = gpu_memory_utilization
-        self.enforce_eager = enforce_eager  # "auto": eager on CPU, compiled on GPU (see Config)
-        self.tensor_parallel_size = tensor_parallel_size
+        super().__init__(
+            settings,
+            max_queue=settings.max_inbox,
+            metrics=metrics,
+            enabled=settings.enabled,
+            why_disabled="VLLM_ENABLED is off",
+        )
         self._context = context
         self.metrics.vllm_waiting.set_function(self.workload.qsize)
         self.metrics.vllm_running.set_function(self.running)
         self.engine = None
         self.steps = 0
-        self._active: dict[str, Sequence] = {}  # in the engine, by request id
 
     def unfinished(self) -> int:
         """Requests the engine itself still holds (0 once everything was answered or aborted)."""
         return self.engine.get_num_unfinished_requests() if self.engine is not None else 0
 
-    def running(self) -> int:
-        return len(self._active)
-
     def health(self) -> dict:
-        return {**super().health(), "steps": self.steps, "running": self.running(), "eager": self.eager}
-
-    @property
-    def eager(self) -> bool | None:
-        """Whether vLLM runs without compiling (None while not resolved)."""
-        if self.enforce_eager == "auto":
-            return None
-        return self.enforce_eager in (True, "1")
+        return {**super().health(), "steps": self.steps, "eager": self.settings.enforce_eager}
 
     # --- the engine thread ---------------------------------------------------------------
     def _build_engine(self):
         # In-process engine: no multiprocessing hop, the same one-process design as the static
         # path. Must be set before vllm is imported.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_gib))
+        s = self.settings
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(s.kv_cache_gib))
         fence.install()
         from vllm import EngineArgs, LLMEngine
 
-        from batcher.device import pick_device, pick_dtype
-
-        device = pick_device("auto")
-        dtype = str(pick_dtype(self.dtype, device)).removeprefix("torch.")
-        self.enforce_eager = "1" if resolve_enforce_eager(self.enforce_eager, device) else "0"
         args = EngineArgs(
-            model=self._model_path,
-            dtype=dtype,
-            max_num_seqs=self.max_num_seqs,
-            max_model_len=self.max_model_len,
-            gpu_memory_utilization=self.gpu_memory_utilization,
-            enforce_eager=self.eager,
-            tensor_parallel_size=self.tensor_parallel_size,
+            model=s.model_path,
+            dtype=s.dtype,
+            max_num_seqs=s.max_num_seqs,
+            max_model_len=s.max_model_len,
+            gpu_memory_utilization=s.gpu_memory_utilization,
+            enforce_eager=s.enforce_eager,
+            tensor_parallel_size=s.tensor_parallel_size,
             disable_log_stats=True,
         )
         return LLMEngine.from_engine_args(args)
@@ -133,70 +109,49 @@ class VLLMWorker(EngineThread):
         self.vocab_size = self.engine.model_config.get_vocab_size()
 
     def _serve(self) -> None:
-        while not self._stopping.is_set():
+        while not self.lifecycle.stopping.is_set():
             self._admit()
             self._abort_cancelled()
-            if self._active:
+            if self.workload.running():
                 self._step()
-            self._note_if_drained(running=len(self._active))
+            self._note_if_drained()
         self._shutdown()
 
     def _admit(self) -> None:
-        room = self.max_num_seqs - len(self._active)
+        room = self.settings.max_num_seqs - self.workload.running()
         if room <= 0:
             return
         # Block only when nothing is being decoded; otherwise take what waits now and step on.
-        new = self.workload.next_batch(room, idle_timeout=0 if self._active else None)
+        new = self.workload.next_batch(room, idle_timeout=0 if self.workload.running() else None)
         admitted = []
         for seq in new:
             try:
                 self.engine.add_request(
                     seq.id,
                     seq.prompt,
-                    self._sampling_params(seq),
+                    sampling_params(seq),
                     # an over-long prompt keeps its end, as on the static path
-                    tokenization_kwargs={"truncate_prompt_tokens": self.max_input_tokens, "truncation_side": "left"},
+                    tokenization_kwargs={
+                        "truncate_prompt_tokens": self.settings.max_input_tokens,
+                        "truncation_side": "left",
+                    },
                 )
             except Exception as exc:  # a prompt the engine refuses fails alone
+                self.workload.release(seq)
                 seq.fail(RoundFailed(f"vLLM refused the prompt: {type(exc).__name__}: {exc}"))
                 continue
-            self._active[seq.id] = seq
             admitted.append(seq)
         for seq in admitted:  # joins the running ones at the next step
-            seq.start(f"step-{self.steps + 1}", len(self._active), None)
-
-    def _sampling_params(self, seq: Sequence):
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
-        p = seq.params
-        return SamplingParams(
-            max_tokens=p.max_tokens,
-            temperature=p.temperature,
-            top_p=p.top_p,
-            top_k=max(p.top_k, 0),  # ours: -1 or 0 disable; vLLM prefers 0
-            min_p=p.min_p,
-            presence_penalty=p.presence_penalty,
-            frequency_penalty=p.frequency_penalty,
-            repetition_penalty=p.repetition_penalty,
-            min_tokens=p.min_tokens,
-            logit_bias=dict(p.logit_bias) or None,
-            stop=list(p.stop),
-            stop_token_ids=list(p.stop_token_ids),
-            seed=p.seed,
-            logprobs=p.logprobs,
-            ignore_eos=p.ignore_eos,
-            output_kind=RequestOutputKind.DELTA,  # each step hands out only the new text
-        )
+            seq.start(f"step-{self.steps + 1}", self.workload.running(), None)
 
     def _abort_cancelled(self) -> None:
-        cancelled = [seq for seq in self._active.values() if seq.cancelled]
+        cancelled = [seq for seq in self.workload.taken() if seq.cancelled]
         if not cancelled:
             return
         self.engine.abort_request([seq.id for seq in cancelled])
         for seq in cancelled:
-            self._forget(seq)
-            seq.finish(seq.text, "cancelled")
+            self.workload.release(seq)
+            seq.finish("cancelled")
 
     def _step(self) -> None:
         self.steps += 1
@@ -205,71 +160,47 @@ class VLLMWorker(EngineThread):
                 outputs = self.engine.step()
         except Exception as exc:  # fail what was in the engine; the thread lives on
             log.exception("vLLM step %d failed", self.steps)
-            failed = list(self._active.values())
-            with contextlib.suppress(Exception):
-                self.engine.abort_request([seq.id for seq in failed])
+            failed = self.workload.taken()
+            self._abort_quietly(failed, f"after step {self.steps} failed")
             error = RoundFailed(f"vLLM step failed: {type(exc).__name__}: {exc}")
             for seq in failed:
-                self._forget(seq)
+                self.workload.release(seq)
                 seq.fail(error)
             return
         self.metrics.vllm_steps.inc()
         for out in outputs:
-            seq = self._active.get(out.request_id)
+            seq = self.workload.find(out.request_id)
             if seq is None:
                 continue
             completion = out.outputs[0]
             if seq.prompt_tokens is None and out.prompt_token_ids is not None:
                 seq.prompt_tokens = len(out.prompt_token_ids)
-            if completion.logprobs is not None:
-                seq.logprobs.extend(self._logprobs(seq, completion, out.finished))
-            seq.token_ids.extend(completion.token_ids)
-            seq.text += completion.text
-            seq.emit(completion.text)
+            seq.add_tokens(completion.token_ids, logprob_records(seq, completion, out.finished))
+            seq.add_text(completion.text)
             self.metrics.generated_tokens.labels(self.name).inc(len(completion.token_ids))
             if out.finished:
-                self._forget(seq)
-                seq.finish(seq.text, completion.finish_reason or "length")
+                self.workload.release(seq)
+                seq.finish(completion.finish_reason or "length")
 
-    @staticmethod
-    def _logprobs(seq: Sequence, completion, finished: bool) -> list[TokenLogprob]:
-        """vLLM's per-token {token id: Logprob} dicts (the top k by rank, plus the chosen token)
-        as our records. The EOS or stop token that ended the sequence has no text, and the static
-        path returns none for it: dropped here too, so both engines count the same tokens."""
-        k = seq.params.logprobs
-        steps = list(zip(completion.token_ids, completion.logprobs, strict=True))
-        if finished and completion.finish_reason == "stop" and not isinstance(completion.stop_reason, str):
-            steps = steps[:-1]
-        records = []
-        for token, alternatives in steps:
-            chosen = alternatives[token]
-            ranked = sorted((lp for lp in alternatives.items() if lp[1].rank <= k), key=lambda lp: lp[1].rank)
-            top = tuple((tid, lp.decoded_token or "", lp.logprob) for tid, lp in ranked[:k])
-            records.append(TokenLogprob(token, chosen.decoded_token or "", chosen.logprob, top))
-        return records
-
-    def _forget(self, seq: Sequence) -> None:
-        """Out of the engine's running set, just before the sequence is resolved."""
-        self._active.pop(seq.id, None)
+    def _abort_quietly(self, seqs: list[Sequence], when: str) -> None:
+        """Abort in the engine, where the sequences are resolved anyway: a failure to abort must
+        not keep them from being answered, so it is logged, not raised."""
+        if not seqs:
+            return
+        try:
+            self.engine.abort_request([seq.id for seq in seqs])
+        except Exception:
+            log.exception("vLLM could not abort %d requests %s", len(seqs), when)
 
     def _shutdown(self) -> None:
-        self.abandoned += len(self._active)
-        if self._active:
-            with contextlib.suppress(Exception):
-                self.engine.abort_request(list(self._active))
+        left = self.workload.taken()
+        self.lifecycle.abandon(len(left))
+        self._abort_quietly(left, "at shutdown")
         stop = ShuttingDown("the vLLM engine shut down before this prompt finished")
-        for seq in list(self._active.values()):
-            self._forget(seq)
+        for seq in left:
+            self.workload.release(seq)
             seq.fail(stop)
         self._fail_waiting("the vLLM engine shut down before this prompt ran")
-
-
-def resolve_enforce_eager(value: str | bool, device: str) -> bool:
-    """VLLM_ENFORCE_EAGER: auto is eager on CPU (there the compiled bf16 model answered further
-    from fp32 and started slower, for ~15% more decode speed; see README), compiled on GPU."""
-    if value == "auto":
-        return device == "cpu"
-    return value in (True, "1")
 
 
 def _log_compile_cache() -> None:

@@ -8,6 +8,7 @@ it came from, so request boundaries do not matter: (A,B) and (C,D,E) run as [A,B
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from batcher.errors import RoundFailed, ShuttingDown
 from batcher.metrics import Metrics
 from batcher.runner import Runner, set_torch_threads
 from batcher.sequence import Sequence
+from batcher.settings import StaticSettings
 
 log = logging.getLogger(__name__)
 
@@ -27,30 +29,24 @@ class ModelWorker(EngineThread):
 
     def __init__(
         self,
-        load_runner: Callable[[], Runner],
+        settings: StaticSettings,
         *,
-        batch_size: int = 4,
-        batch_wait_ms: float = 0.0,
-        max_queue: int = 256,
-        torch_threads: int = 0,
         metrics: Metrics | None = None,
+        load_runner: Callable[[], Runner] | None = None,
     ):
-        super().__init__(max_queue=max_queue, metrics=metrics)
-        self._load_runner = load_runner
-        self.batch_size = batch_size
-        self.batch_wait_s = batch_wait_ms / 1000
-        self.torch_threads = torch_threads
+        """`load_runner`: builds the runner in the model thread (tests hand in one they built)."""
+        super().__init__(settings, max_queue=settings.max_queue, metrics=metrics)
+        self._load_runner = load_runner or functools.partial(Runner, settings)
+        self.batch_size = settings.batch_size
+        self.batch_wait_s = settings.batch_wait_ms / 1000
+        self.torch_threads = settings.torch_threads
         self.metrics.queue_depth.set_function(self.workload.qsize)
         self.metrics.inflight.set_function(self.inflight)
         self.runner: Runner | None = None
         self.rounds = 0
-        self._running: list[Sequence] = []
 
     def health(self) -> dict:
-        return {**super().health(), "rounds": self.rounds, "inflight": self.inflight()}
-
-    def running(self) -> int:
-        return len(self._running)
+        return {**super().health(), "rounds": self.rounds}
 
     # --- the model thread ----------------------------------------------------------------
     def _load(self) -> None:
@@ -66,22 +62,25 @@ class ModelWorker(EngineThread):
             log.info("static engine: decode step compiled in %.1fs", seconds)
 
     def _serve(self) -> None:
-        while not self._stopping.is_set():
+        while not self.lifecycle.stopping.is_set():
             batch = self.workload.next_batch(self.batch_size, self.batch_wait_s)
+            if batch and self.lifecycle.stopping.is_set():  # taken while stop() was abandoning
+                self._abandon()
             if batch:
                 self._run_round(batch)
-            self._note_if_drained(running=0)
+            self._note_if_drained()
         self._fail_waiting("the static engine shut down before this prompt ran")
 
     def _abandon(self) -> None:
-        for seq in list(self._running):  # the running round stops at its next step
+        # what is taken: the running round stops at its next step; a batch still waiting for
+        # latecomers (BATCH_WAIT_MS) runs one step and stops
+        for seq in self.workload.taken():
             seq.cancel()
 
     def _run_round(self, batch: list[Sequence]) -> None:
         self.rounds += 1
         round_no, started = self.rounds, time.perf_counter()
-        self._running = batch
-        shape, results, error = None, None, None
+        shape, reasons, error = None, None, None
         # Every round: an idle vLLM engine in this process may have changed torch's thread count.
         set_torch_threads(self.torch_threads)
         try:
@@ -92,26 +91,26 @@ class ModelWorker(EngineThread):
             with fence.model_work() if compiling else contextlib.nullcontext(), fence.static_round():
                 for seq in batch:
                     seq.start(round_no, len(batch), tuple(shape))
-                results = self.runner.generate(batch, inputs)
-            if len(results) != len(batch):
-                raise RuntimeError(f"round returned {len(results)} results for {len(batch)} sequences")
+                reasons = self.runner.generate(batch, inputs)
+            if len(reasons) != len(batch):
+                raise RuntimeError(f"round returned {len(reasons)} results for {len(batch)} sequences")
         except Exception as exc:  # one bad round fails its own sequences; the thread lives on
             error = exc
             log.exception("round %d failed", round_no)
         elapsed = time.perf_counter() - started
         # logged before anyone is woken, so a client that got its answer finds the line written
         log.info("round %d: Batch input shape: %s sequences=%s %.3fs", round_no, shape, [s.id for s in batch], elapsed)
-        self._running = []  # before waking any request: nothing in flight is left over
-        for seq in batch:  # hand each result back by sequence id
+        for seq in batch:  # before waking any request: nothing in flight is left over
+            self.workload.release(seq)
+        for row, seq in enumerate(batch):  # each sequence holds its text: it finishes itself
             if error is not None:
                 seq.fail(RoundFailed(f"round {round_no} failed: {type(error).__name__}: {error}"))
                 continue
-            text, reason = results[seq.id]
-            if reason == "cancelled" and self._stopping.is_set():
-                self.abandoned += 1
+            if reasons[row] == "cancelled" and self.lifecycle.stopping.is_set():
+                self.lifecycle.abandon()
                 seq.fail(ShuttingDown("the static engine shut down while this prompt ran"))
             else:
-                seq.finish(text, reason)
+                seq.finish(reasons[row])
             self.metrics.generated_tokens.labels(self.name).inc(len(seq.token_ids))
         self.metrics.rounds.labels("failed" if error else "ok").inc()
         self.metrics.batch_size.observe(len(batch))

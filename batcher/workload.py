@@ -1,4 +1,5 @@
-"""The bounded FIFO queue between the request threads and the model thread."""
+"""The bounded FIFO queue between the request threads and the model thread, and what the model
+thread took from it and has not yet resolved."""
 
 from __future__ import annotations
 
@@ -19,6 +20,10 @@ class Workload:
     round leaves of a request waits in `_carry` (the consumer's alone) for the next round, so
     rounds still ignore request boundaries. The bound counts sequences, all or nothing per
     request. A sequence marked `solo` runs in a round of its own: it never shares one.
+
+    A sequence `next_batch` takes is *taken* from that moment (also while a batch waits for
+    latecomers, BATCH_WAIT_MS) until the engine `release`s it, just before resolving it: queued
+    plus taken is what an engine holds, one count under one lock.
     """
 
     def __init__(self, maxsize: int):
@@ -27,10 +32,32 @@ class Workload:
         self._carry: collections.deque[Sequence] = collections.deque()
         self._lock = threading.Lock()
         self._queued = 0  # sequences in _queue and _carry
+        self._taken: dict[str, Sequence] = {}  # by id, in the order taken
 
     def qsize(self) -> int:
         """Queued sequences (cancelled ones not yet drained included)."""
         return self._queued
+
+    def running(self) -> int:
+        """Sequences taken and not yet released."""
+        return len(self._taken)
+
+    def inflight(self) -> int:
+        """Queued or taken: everything the engine still has to resolve."""
+        with self._lock:
+            return self._queued + len(self._taken)
+
+    def taken(self) -> list[Sequence]:
+        with self._lock:
+            return list(self._taken.values())
+
+    def find(self, seq_id: str) -> Sequence | None:
+        return self._taken.get(seq_id)
+
+    def release(self, seq: Sequence) -> None:
+        """The engine is about to resolve `seq`: it no longer holds it."""
+        with self._lock:
+            self._taken.pop(seq.id, None)
 
     def put_all(self, seqs: list[Sequence]) -> None:
         with self._lock:
@@ -43,10 +70,15 @@ class Workload:
         """Unblock a consumer waiting in next_batch (used at shutdown)."""
         self._queue.put_nowait(None)
 
-    def _take(self) -> Sequence:
+    def _take(self, *, hold: bool) -> tuple[Sequence, bool]:
+        """The oldest queued sequence, and whether it is taken (held): not if it was cancelled."""
         with self._lock:
             self._queued -= 1
-        return self._carry.popleft()
+            seq = self._carry.popleft()
+            held = hold and not seq.cancelled
+            if held:
+                self._taken[seq.id] = seq
+        return seq, held
 
     def next_batch(self, size: int, wait_s: float = 0.0, idle_timeout: float | None = None) -> list[Sequence]:
         """Block until one live sequence waits, then take what is waiting now, oldest first, up to
@@ -72,9 +104,9 @@ class Workload:
                 continue
             if batch and self._carry[0].solo and not self._carry[0].cancelled:
                 break  # it waits for the next round, which it will have to itself
-            seq = self._take()
-            if seq.cancelled:  # its request gave up while it waited: skip it
-                seq.finish("", "cancelled")
+            seq, held = self._take(hold=True)
+            if not held:  # its request gave up while it waited: skip it
+                seq.finish("cancelled")
                 continue
             batch.append(seq)
             if deadline is None and wait_s > 0:
@@ -92,5 +124,5 @@ class Workload:
                 self._carry.extend(item)
         left = []
         while self._carry:
-            left.append(self._take())
+            left.append(self._take(hold=False)[0])
         return left

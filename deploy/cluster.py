@@ -51,6 +51,11 @@ class Settings:
 
     @classmethod
     def from_env(cls) -> Settings:
+        """The cluster's own knobs; the service's (REQUEST_TIMEOUT_S, MAX_BODY_BYTES) as its Config
+        reads them, defaults included (imported here: `service` loads torch, the module need not)."""
+        from service.config import Config
+
+        config = Config.from_env()
         port = int(os.environ.get("PORT", "8000"))
         replicas = int(os.environ.get("REPLICAS", "2"))
         if replicas < 1:
@@ -61,8 +66,8 @@ class Settings:
             replicas=replicas,
             run_dir=Path(os.environ.get("CLUSTER_DIR") or ROOT / ".cache" / "cluster" / str(port)).resolve(),
             graceful_timeout_s=int(os.environ.get("GRACEFUL_TIMEOUT", "30")),
-            request_timeout_s=float(os.environ.get("REQUEST_TIMEOUT_S", "120")),
-            max_body_bytes=int(os.environ.get("MAX_BODY_BYTES", str(1 << 20))),
+            request_timeout_s=config.request_timeout_s,
+            max_body_bytes=config.max_body_bytes,
             accel=os.environ.get("ACCEL", "cpu"),
             preload=os.environ.get("REPLICA_PRELOAD", ""),
         )

@@ -7,15 +7,11 @@ import logging
 import time
 
 from flask import Flask, g, request
-from transformers import AutoTokenizer
 
 from batcher.checkpoint import resolve_model
 from batcher.compile_cache import use_compile_cache
-from batcher.device import pick_device
 from batcher.metrics import Metrics
-from batcher.runner import Runner
 from batcher.vllm_worker import VLLMWorker
-from batcher.worker import ModelWorker
 from service import demo, errors, openai_api, ops, page
 from service.config import Config
 
@@ -29,6 +25,12 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
     """Build the app and start its engines (each loads its model in its own thread).
 
     `start=False` builds everything but starts no thread (for tests of the app alone)."""
+    # torch and transformers load here, not at import: deploy/ and batcher.checkpoint's command
+    # import `service` for its Config alone
+    from transformers import AutoTokenizer
+
+    from batcher.worker import ModelWorker
+
     config = config or Config.from_env()
     app = Flask(__name__)
     app.config["SERVICE"] = config
@@ -38,42 +40,12 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
     # Once, before any engine thread starts: two threads resolving at once would each convert
     # the default model on a first run. A no-op once `make setup` has converted it.
     path = resolve_model(config.model, config.cache_dir)
-    use_compile_cache(config.compile_cache_dir, pick_device("auto"))  # before anything compiles
+    # every `auto` resolved here, once, into each engine's settings (shown in /health)
+    static_settings, vllm_settings = config.static_engine(path), config.vllm_engine(path)
+    use_compile_cache(config.compile_cache_dir, vllm_settings.device)  # before anything compiles
 
-    def load_runner() -> Runner:
-        return Runner(
-            path,
-            dtype=config.dtype,
-            device=config.device,
-            max_input_tokens=config.max_input_tokens,
-            max_new_tokens=config.max_new_tokens_limit,
-            compile=config.static_compile,
-            max_batch=config.batch_size,
-        )
-
-    static_engine = ModelWorker(
-        load_runner,
-        batch_size=config.batch_size,
-        batch_wait_ms=config.batch_wait_ms,
-        max_queue=config.max_queue,
-        torch_threads=config.torch_threads,
-        metrics=metrics,
-    )
-    vllm_engine = VLLMWorker(
-        path,
-        dtype=config.dtype,
-        max_num_seqs=config.vllm_max_num_seqs,
-        max_model_len=config.vllm_max_model_len,
-        max_input_tokens=config.max_input_tokens,
-        kv_cache_gib=config.vllm_kv_cache_gib,
-        gpu_memory_utilization=config.vllm_gpu_memory_utilization,
-        max_inbox=config.vllm_max_inbox,
-        enforce_eager=config.vllm_enforce_eager,
-        tensor_parallel_size=config.vllm_tensor_parallel_size,
-        enabled=config.vllm_enabled,
-        context=app.test_request_context,
-        metrics=metrics,
-    )
+    static_engine = ModelWorker(static_settings, metrics=metrics)
+    vllm_engine = VLLMWorker(vllm_settings, context=app.test_request_context, metrics=metrics)
     app.extensions["engines"] = {"static": static_engine, "vllm": vllm_engine}
     app.extensions["metrics"] = metrics
     app.extensions["model_path"] = path
@@ -109,7 +81,7 @@ def shutdown(app: Flask, timeout: float = 30.0) -> dict[str, tuple[int, int]]:
     counts = {}
     for name, eng in engines.items():
         eng.stop(max(1.0, deadline - time.monotonic()))
-        counts[name] = (max(0, eng.held_at_drain - eng.abandoned), eng.abandoned)
+        counts[name] = (eng.held_at_drain - eng.abandoned, eng.abandoned)
     app.extensions["drained"] = counts
     for name, (finished, abandoned) in counts.items():
         log.info(

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field, fields
 
 from batcher.checkpoint import CHECKPOINT_NAME, DEFAULT_MODEL
+from batcher.settings import StaticSettings, VLLMSettings
 
 
 def _flag(value: str) -> bool:
@@ -87,6 +88,44 @@ class Config:
     @property
     def api_keys(self) -> list[str]:
         return [key.strip() for key in self.api_key.split(",") if key.strip()]
+
+    # --- each engine's slice, every auto resolved (batcher/device.py; imported here, not at the
+    # top, because it imports torch and deploy/ and the gunicorn master read Config without it)
+    def static_engine(self, model_path: str) -> StaticSettings:
+        from batcher.device import dtype_name, pick_compile, pick_device, pick_dtype
+
+        device = pick_device(self.device)
+        return StaticSettings(
+            model_path=model_path,
+            device=device,
+            dtype=dtype_name(pick_dtype(self.dtype, device)),
+            compile=pick_compile(self.static_compile, device),
+            batch_size=self.batch_size,
+            batch_wait_ms=self.batch_wait_ms,
+            max_queue=self.max_queue,
+            max_input_tokens=self.max_input_tokens,
+            max_new_tokens=self.max_new_tokens_limit,
+            torch_threads=self.torch_threads,
+        )
+
+    def vllm_engine(self, model_path: str) -> VLLMSettings:
+        from batcher.device import dtype_name, pick_device, pick_dtype, pick_enforce_eager
+
+        device = pick_device("auto")  # vLLM picks its own platform; DEVICE is the static engine's
+        return VLLMSettings(
+            model_path=model_path,
+            enabled=self.vllm_enabled,
+            device=device,
+            dtype=dtype_name(pick_dtype(self.dtype, device)),
+            enforce_eager=pick_enforce_eager(self.vllm_enforce_eager, device),
+            max_num_seqs=self.vllm_max_num_seqs,
+            max_model_len=self.vllm_max_model_len,
+            max_input_tokens=self.max_input_tokens,
+            kv_cache_gib=self.vllm_kv_cache_gib,
+            gpu_memory_utilization=self.vllm_gpu_memory_utilization,
+            max_inbox=self.vllm_max_inbox,
+            tensor_parallel_size=self.vllm_tensor_parallel_size,
+        )
 
     @classmethod
     def from_env(cls, **overrides) -> Config:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from flask import Blueprint, Flask, current_app, jsonify, request
 
 from batcher.errors import EngineError
-from batcher.sequence import Sequence
+from batcher.sequence import Piece, Sequence
 from service import auth, errors, generation, schema, sse
 from service.errors import ApiError, InvalidRequest, ModelNotFound
 from service.openai_replies import ChatShape, TextShape, usage
@@ -109,9 +109,9 @@ def _chunks(pieces: generation.Pieces, shape, head: dict, n: int, include_usage:
 
     def chunk(seq: Sequence, text: str, finish_reason: str | None = None) -> str:
         records = None
-        if want:  # the engine records a token's logprobs before it hands out its text
-            end = len(seq.logprobs)
-            records, sent_records[seq.id] = seq.logprobs[sent_records[seq.id] : end], end
+        if want:  # a piece carries its tokens' records; at the end (the sequence done), the rest
+            records = list(text.logprobs) if isinstance(text, Piece) else seq.logprobs[sent_records[seq.id] :]
+            sent_records[seq.id] += len(records)
         choice = shape.delta(index[seq.id], text, records, sent_chars[seq.id], finish_reason)
         sent_chars[seq.id] += len(text)
         return sse.event({**head, "choices": [choice]})

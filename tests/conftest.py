@@ -12,6 +12,7 @@ import pytest
 from batcher import fence
 from batcher.checkpoint import resolve_model
 from batcher.runner import Runner
+from batcher.settings import StaticSettings
 from service import create_app, shutdown
 from service.config import Config
 
@@ -27,13 +28,20 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, what: str =
 
 @pytest.fixture(scope="session")
 def model_path() -> str:
-    return resolve_model("smollm2", ".cache/models")
+    defaults = Config()
+    return resolve_model(defaults.model, defaults.cache_dir)
+
+
+def static_settings(model_path: str, **config) -> StaticSettings:
+    """The static engine's settings as the service resolves them, from Config's defaults and
+    `config` (Config's field names)."""
+    return Config(**config).static_engine(model_path)
 
 
 @pytest.fixture(scope="session")
 def runner_fp32(model_path) -> Runner:
     """float32, so that padded and unpadded runs can be compared token for token."""
-    return Runner(model_path, dtype="float32")
+    return Runner(static_settings(model_path, dtype="float32"))
 
 
 @pytest.fixture(scope="session")

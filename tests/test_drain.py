@@ -25,7 +25,7 @@ from tests.test_worker import GATE, InstrumentedRunner, submit, wait
 @pytest.fixture
 def gated(runner_fp32):
     runner = InstrumentedRunner(runner_fp32)
-    worker = ModelWorker(lambda: runner, batch_size=4).start()
+    worker = ModelWorker(runner.settings, load_runner=lambda: runner).start()
     assert worker.wait_ready(30)
     yield worker, runner
     runner.gate.set()

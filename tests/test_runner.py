@@ -15,8 +15,9 @@ PROMPTS = [
 
 
 def run(runner, seqs):
-    results = runner.generate(seqs, runner.encode([s.prompt for s in seqs]))
-    return [results[s.id] for s in seqs]
+    """(text, finish reason) per sequence: the text each received, the reason the round returned."""
+    reasons = runner.generate(seqs, runner.encode([s.prompt for s in seqs]))
+    return [(s.text, reason) for s, reason in zip(seqs, reasons, strict=True)]
 
 
 def greedy(prompt, max_tokens=20, **kw):
@@ -70,7 +71,8 @@ def test_streamed_pieces_join_into_the_decoded_text_without_broken_characters(ru
     rows = RoundRows([seq], tokenizer, runner_fp32.eos_ids)
     for token in ids:  # one decoding step at a time, as generate() calls the streamer
         rows.put(torch.tensor([token]))
-    final, _ = rows.finish(0)
+    rows.finish(0)
+    final = seq.text
     pieces = []
     while not seq.pieces.empty():
         _, piece = seq.pieces.get()
@@ -90,7 +92,7 @@ def test_eos_ends_a_row_with_reason_stop(runner_fp32):
     rows.put(torch.tensor([runner_fp32.tokenizer.encode(" Paris")[0]]))
     rows.put(torch.tensor([next(iter(runner_fp32.eos_ids))]))
     assert rows(torch.zeros(1, 1), None).tolist() == [True]
-    assert rows.finish(0) == (" Paris", "stop")
+    assert (rows.finish(0), seq.text) == ("stop", " Paris")
 
 
 def test_ignore_eos_generates_exactly_max_tokens(runner_fp32):

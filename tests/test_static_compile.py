@@ -14,19 +14,21 @@ import threading
 import pytest
 
 from batcher import fence
-from batcher.runner import Runner, cache_bucket, pick_compile
+from batcher.device import pick_compile
+from batcher.runner import Runner, cache_bucket
 from batcher.sequence import SamplingParams, Sequence
 from batcher.worker import ModelWorker
 from service import create_app, shutdown
 from service.config import Config
+from tests.conftest import static_settings
 from tests.test_runner import PROMPTS, run
 
-SMALL = {"max_input_tokens": 24, "max_new_tokens": 40}  # 64: one cache length for every round
+SMALL = {"max_input_tokens": 24, "max_new_tokens_limit": 40}  # 64: one cache length for every round
 
 
 @pytest.fixture(scope="module")
 def compiled(model_path) -> Runner:
-    runner = Runner(model_path, dtype="float32", compile="1", max_batch=4, **SMALL)
+    runner = Runner(static_settings(model_path, dtype="float32", static_compile="1", batch_size=4, **SMALL))
     # compiling patches torch process-wide: not while another test's vLLM engine builds or steps
     with fence.model_work(), fence.static_round():
         assert runner.compiles and runner.warm_up() > 0
@@ -91,14 +93,14 @@ def test_a_cancelled_row_stops_while_the_others_run_to_their_end(runner):
     pieces = queue.SimpleQueue()
     rows = [Sequence(p, SamplingParams(max_tokens=30, ignore_eos=True), pieces=pieces) for p in PROMPTS[:3]]
     results = {}
-    worker = threading.Thread(target=lambda: results.update(runner.generate(rows, runner.encode(PROMPTS[:3]))))
+    worker = threading.Thread(target=lambda: results.update(reasons=runner.generate(rows, runner.encode(PROMPTS[:3]))))
     worker.start()
     while pieces.get(timeout=300)[0] is not rows[0]:
         pass  # until the first piece of the row to cancel: it is running
     rows[0].cancel()
     worker.join(300)
-    assert results[rows[0].id][1] == "cancelled" and len(rows[0].token_ids) < 30
-    assert [results[s.id][1] for s in rows[1:]] == ["length", "length"]
+    assert results["reasons"][0] == "cancelled" and len(rows[0].token_ids) < 30
+    assert results["reasons"][1:] == ["length", "length"]
     assert [len(s.token_ids) for s in rows[1:]] == [30, 30]
 
 
@@ -107,9 +109,9 @@ def test_a_short_round_is_padded_but_returns_only_its_own_rows(runner_fp32, comp
         [Sequence(PROMPTS[0], SamplingParams(max_tokens=8))],
         [Sequence(PROMPTS[0], SamplingParams(max_tokens=8))],
     )
-    results = compiled.generate(fast, compiled.encode([PROMPTS[0]]))
-    assert list(results) == [fast[0].id]
-    assert results[fast[0].id] == run(runner_fp32, eager)[0]
+    reasons = compiled.generate(fast, compiled.encode([PROMPTS[0]]))
+    assert len(reasons) == 1  # the padding rows are not returned
+    assert (fast[0].text, reasons[0]) == run(runner_fp32, eager)[0]
 
 
 def test_cache_lengths_come_in_a_few_buckets():
@@ -129,8 +131,7 @@ def test_the_service_compiles_before_it_reports_ready_and_serves_compiled(compil
             vllm_enabled=False,
             static_compile="1",
             dtype="float32",
-            max_input_tokens=SMALL["max_input_tokens"],
-            max_new_tokens_limit=SMALL["max_new_tokens"],
+            **SMALL,
         )
     )
     try:
@@ -162,7 +163,7 @@ class _Compiles(Runner):
 def test_a_round_that_compiles_waits_for_vllms_step_and_a_plain_round_does_not(runner_fp32):
     """A compile patches torch process-wide (fence.py): vLLM must not be mid-step meanwhile."""
     runner = _Compiles(runner_fp32)
-    worker = ModelWorker(lambda: runner, batch_size=4).start()
+    worker = ModelWorker(runner.settings, load_runner=lambda: runner).start()
     assert worker.wait_ready(60)
     stepping, step_over = threading.Event(), threading.Event()
 

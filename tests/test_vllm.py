@@ -1,5 +1,6 @@
 """The continuous-batching path with the real in-process vLLM engine and the default model."""
 
+import logging
 import threading
 
 from tests.conftest import wait_until
@@ -108,3 +109,40 @@ def test_ignore_eos_generates_exactly_max_tokens_on_both_paths(vllm_client):
         forced = post(vllm_client, path, {**body, "ignore_eos": True}).json["details"][0]
         assert natural["finish_reason"] == "stop" and natural["tokens"] < 20, path
         assert forced["finish_reason"] == "length" and forced["tokens"] == 20, path
+
+
+def test_an_abort_that_fails_is_logged_and_the_prompts_still_answered(vllm_app, vllm_client, monkeypatch, caplog):
+    engine = vllm_app.extensions["engines"]["vllm"]
+    real_abort = engine.engine.abort_request
+
+    def broken_step():
+        raise RuntimeError("injected step failure")
+
+    def abort_then_raise(ids):  # aborts for real (nothing is left in vLLM), then fails
+        real_abort(ids)
+        raise RuntimeError("injected abort failure")
+
+    monkeypatch.setattr(engine.engine, "step", broken_step)
+    monkeypatch.setattr(engine.engine, "abort_request", abort_then_raise)
+    with caplog.at_level(logging.ERROR, logger="batcher.vllm_worker"):
+        r = post(vllm_client, "/generate_vllm", {"prompts": ["Hi"], "max_tokens": 2})
+    assert r.status_code == 500 and "injected step failure" in r.json["error"]
+    aborts = [rec for rec in caplog.records if "could not abort" in rec.getMessage()]
+    assert aborts and "injected abort failure" in str(aborts[0].exc_info[1])
+    assert engine.inflight() == 0 and engine.unfinished() == 0
+
+
+def test_health_shows_each_engines_resolved_settings_and_the_same_counts(vllm_app, vllm_client):
+    engines = vllm_client.get("/health").json["engines"]
+    static, vllm = engines["static"]["settings"], engines["vllm"]["settings"]
+    assert set(static) == {"device", "dtype", "compile"} and set(vllm) == {"device", "dtype", "enforce_eager"}
+    assert "auto" not in [*static.values(), *vllm.values()]  # resolved, once, at create_app
+    runner = vllm_app.extensions["engines"]["static"].runner
+    assert (runner.device, str(runner.dtype), runner.compiles) == (
+        static["device"],
+        f"torch.{static['dtype']}",
+        static["compile"],
+    )
+    assert vllm["enforce_eager"] is engines["vllm"]["eager"]
+    for name in ("static", "vllm"):  # one name per count on both engines
+        assert {"queued", "running", "inflight"} <= set(engines[name]), name

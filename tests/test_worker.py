@@ -40,7 +40,7 @@ def runner(runner_fp32):
 
 @pytest.fixture
 def worker(runner):
-    worker = ModelWorker(lambda: runner, batch_size=4).start()
+    worker = ModelWorker(runner.settings, load_runner=lambda: runner).start()
     assert worker.wait_ready(30)
     yield worker
     runner.gate.set()
@@ -91,8 +91,8 @@ def test_each_result_goes_back_to_its_own_sequence(worker, runner_fp32):
     wait(seqs)
     for seq in seqs:  # the same text as the prompt run alone
         alone = Sequence(seq.prompt, SamplingParams(max_tokens=5))
-        [(text, _)] = runner_fp32.generate([alone], runner_fp32.encode([alone.prompt])).values()
-        assert seq.text == text, seq.prompt
+        runner_fp32.generate([alone], runner_fp32.encode([alone.prompt]))
+        assert seq.text == alone.text, seq.prompt
     assert worker.inflight() == 0
 
 

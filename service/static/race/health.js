@@ -10,8 +10,8 @@ function describeEngine(name, e) {
   const parts = [`${name}: ${e.status}`];
   if (e.status === "ready") {
     parts.push(`queued ${e.queued}`);
-    if ("inflight" in e) parts.push(`in flight ${e.inflight}`, `rounds ${e.rounds}`);
-    if ("running" in e) parts.push(`running ${e.running}`, `steps ${e.steps}`);
+    if ("rounds" in e) parts.push(`in flight ${e.inflight}`, `rounds ${e.rounds}`);
+    if ("steps" in e) parts.push(`running ${e.running}`, `steps ${e.steps}`);
   } else if (e.error) {
     parts.push(e.error);
   }

@@ -1,0 +1,48 @@
+"""Each engine's slice of the service's settings, with every `auto` already resolved.
+
+`service.config.Config` builds them (`Config.static_engine`, `Config.vllm_engine`), once, from
+the environment's values and the machine (batcher/device.py): the engines and the runner take
+them through their constructors and hold no defaults of their own. Frozen: nothing changes a
+setting after start, and /health shows them as they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StaticSettings:
+    model_path: str  # what from_pretrained loads
+    device: str  # cpu | cuda (DEVICE resolved)
+    dtype: str  # bfloat16 | float16 | float32 (DTYPE resolved on `device`)
+    compile: bool  # STATIC_COMPILE resolved: a compiled decode step over a static KV cache
+    batch_size: int  # also the compiled rounds' fixed batch
+    batch_wait_ms: float
+    max_queue: int
+    max_input_tokens: int
+    max_new_tokens: int  # the largest max_tokens a request may ask for (MAX_NEW_TOKENS_LIMIT)
+    torch_threads: int  # 0: every core the process may use
+
+    def shown(self) -> dict:
+        """What /health shows: the resolved choices, not the paths or sizes."""
+        return {"device": self.device, "dtype": self.dtype, "compile": self.compile}
+
+
+@dataclass(frozen=True)
+class VLLMSettings:
+    model_path: str
+    enabled: bool
+    device: str  # where vLLM's platform runs: the machine's (DEVICE is the static engine's)
+    dtype: str  # DTYPE resolved on `device`
+    enforce_eager: bool  # VLLM_ENFORCE_EAGER resolved
+    max_num_seqs: int
+    max_model_len: int
+    max_input_tokens: int
+    kv_cache_gib: int  # CPU only: VLLM_CPU_KVCACHE_SPACE
+    gpu_memory_utilization: float  # GPU only
+    max_inbox: int
+    tensor_parallel_size: int
+
+    def shown(self) -> dict:
+        return {"device": self.device, "dtype": self.dtype, "enforce_eager": self.enforce_eager}

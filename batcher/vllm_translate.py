@@ -1,0 +1,50 @@
+"""Our request, in vLLM's words, and vLLM's answer in ours: a `Sequence`'s parameters as vLLM's
+`SamplingParams`, and the logprobs of a step's output as our `TokenLogprob` records."""
+
+from __future__ import annotations
+
+from batcher.sequence import Sequence, TokenLogprob
+
+
+def sampling_params(seq: Sequence):
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    p = seq.params
+    return SamplingParams(
+        max_tokens=p.max_tokens,
+        temperature=p.temperature,
+        top_p=p.top_p,
+        top_k=max(p.top_k, 0),  # ours: -1 or 0 disable; vLLM prefers 0
+        min_p=p.min_p,
+        presence_penalty=p.presence_penalty,
+        frequency_penalty=p.frequency_penalty,
+        repetition_penalty=p.repetition_penalty,
+        min_tokens=p.min_tokens,
+        logit_bias=dict(p.logit_bias) or None,
+        stop=list(p.stop),
+        stop_token_ids=list(p.stop_token_ids),
+        seed=p.seed,
+        logprobs=p.logprobs,
+        ignore_eos=p.ignore_eos,
+        output_kind=RequestOutputKind.DELTA,  # each step hands out only the new text
+    )
+
+
+def logprob_records(seq: Sequence, completion, finished: bool) -> list[TokenLogprob]:
+    """vLLM's per-token {token id: Logprob} dicts (the top k by rank, plus the chosen token)
+    as our records. The EOS or stop token that ended the sequence has no text, and the static
+    path returns none for it: dropped here too, so both engines count the same tokens."""
+    if completion.logprobs is None:
+        return []
+    k = seq.params.logprobs
+    steps = list(zip(completion.token_ids, completion.logprobs, strict=True))
+    if finished and completion.finish_reason == "stop" and not isinstance(completion.stop_reason, str):
+        steps = steps[:-1]
+    records = []
+    for token, alternatives in steps:
+        chosen = alternatives[token]
+        ranked = sorted((lp for lp in alternatives.items() if lp[1].rank <= k), key=lambda lp: lp[1].rank)
+        top = tuple((tid, lp.decoded_token or "", lp.logprob) for tid, lp in ranked[:k])
+        records.append(TokenLogprob(token, chosen.decoded_token or "", chosen.logprob, top))
+    return records
