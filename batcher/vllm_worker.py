@@ -22,6 +22,7 @@ from contextlib import AbstractContextManager
 from batcher import fence
 from batcher.engine import EngineThread
 from batcher.errors import RoundFailed, ShuttingDown
+from batcher.grammar import vllm_config, vllm_params
 from batcher.metrics import Metrics
 from batcher.sequence import Sequence, TokenLogprob
 
@@ -105,6 +106,7 @@ class VLLMWorker(EngineThread):
             enforce_eager=self.eager,
             tensor_parallel_size=self.tensor_parallel_size,
             disable_log_stats=True,
+            structured_outputs_config=vllm_config(),  # the static engine's xgrammar settings
         )
         return LLMEngine.from_engine_args(args)
 
@@ -186,6 +188,7 @@ class VLLMWorker(EngineThread):
             seed=p.seed,
             logprobs=p.logprobs,
             ignore_eos=p.ignore_eos,
+            structured_outputs=vllm_params(p.structured),
             output_kind=RequestOutputKind.DELTA,  # each step hands out only the new text
         )
 
