@@ -26,6 +26,8 @@ from service.config import Config
 from service.errors import InvalidRequest
 
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+# what GET /v1/models announces, per request field
+SUPPORTED = {"response_format": list(RESPONSE_FORMATS), "structured_outputs": list(grammar.KINDS)}
 # vLLM's per-request options that its xgrammar backend ignores (they are engine settings there)
 UNSUPPORTED_OPTIONS = ("whitespace_pattern", "disable_additional_properties")
 
