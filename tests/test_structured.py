@@ -27,6 +27,8 @@ from batcher.sequence import SamplingParams, Sequence
 from bench.server import Server
 from service import create_app, shutdown
 from service.config import Config
+from service.errors import InvalidRequest
+from service.structured import parse_structured
 from tests.conftest import wait_until
 from tests.test_api import post
 
@@ -211,6 +213,20 @@ def test_the_demo_routes_apply_one_spec_to_every_prompt(server, base, kind):
     assert [d["finish_reason"] for d in r.json()["details"]] == ["stop"] * 3
 
 
+def test_logprobs_are_of_the_masked_scores_on_both_engines(server):
+    """vLLM masks before it computes logprobs; the static engine's mask comes first too, so the
+    chosen tokens' logprobs agree (they would not if one engine recorded them before the mask)."""
+    body = {"prompts": QUESTIONS, "max_tokens": 8, "structured_outputs": {"choice": ["yes", "no", "maybe"]}}
+    vllm, static = (  # DEMO's order: /v1, then /static/v1
+        requests.post(server.url + DEMO[b][0], json={**body, "logprobs": 0}, timeout=300).json() for b in DEMO
+    )
+    assert static["generated_texts"] == vllm["generated_texts"]
+    for s_records, v_records in zip(static["logprobs"], vllm["logprobs"], strict=True):
+        assert [r["token_id"] for r in s_records] == [r["token_id"] for r in v_records]
+        for s, v in zip(s_records, v_records, strict=True):
+            assert s["logprob"] == pytest.approx(v["logprob"], abs=1e-3)
+
+
 # --- streaming ---------------------------------------------------------------------------------
 @BASES
 def test_streamed_pieces_join_into_the_same_valid_json(server, base):
@@ -269,6 +285,35 @@ def test_a_bad_spec_is_a_400_naming_the_field_and_leaves_nothing_behind(server, 
     assert nothing_left(server)
     ok = openai_post(server, base, "/completions", {"prompt": "Hi", "max_tokens": 2})
     assert ok.status_code == 200  # the engines run on
+
+
+@pytest.mark.parametrize(
+    "body, kind",
+    [
+        ({"response_format": {"type": "text"}}, None),
+        ({"structured_outputs": {"json": json.dumps(ORDER)}}, "json"),  # a schema as JSON text, as vLLM takes it
+        ({"structured_outputs": {"json_object": True, "disable_any_whitespace": True}}, "json_object"),
+        ({"structured_outputs": {"grammar": 'start: "a" | "b"'}}, "grammar"),  # Lark, as vLLM tells them apart
+    ],
+)
+def test_the_parser_accepts_vllms_spellings(body, kind):
+    spec = parse_structured(body, Config())
+    assert (spec.kind if spec else None) == kind and (spec is None or spec.compiled is not None)
+
+
+@pytest.mark.parametrize(
+    "outputs",
+    [
+        {"whitespace_pattern": " "},
+        {"regex": "a", "disable_any_whitespace": False},
+        {"json_object": False},
+        {"regx": "a"},
+    ],
+)
+def test_the_parser_refuses_what_it_does_not_implement(outputs):
+    with pytest.raises(InvalidRequest) as refused:
+        parse_structured({"structured_outputs": outputs}, Config())
+    assert refused.value.param == "structured_outputs"
 
 
 # --- one static round, constrained and unconstrained rows side by side --------------------------
