@@ -1,7 +1,7 @@
 """Per-row logits processors for one static round, in vLLM's order, so a round of rows that all
 differ stays one `generate()` call:
 
-    grammar mask -> record logprobs (raw scores) -> ignore_eos -> min_tokens -> logit_bias -> penalties
+    grammar mask -> record logprobs (the model's scores, masked) -> ignore_eos -> min_tokens -> logit_bias -> penalties
     -> greedy argmax | temperature -> min_p -> top_k -> top_p -> seeded draw
 
 `build()` adds a processor only when some row of the round needs it: a plain greedy round gets
