@@ -47,6 +47,10 @@ def parse_structured(body: dict, config: Config) -> StructuredSpec | None:
         spec, field = _structured_outputs(outputs), "structured_outputs"
     if spec is None:
         return None
+    if body.get("ignore_eos") or body.get("min_tokens"):  # a complete grammar allows only EOS
+        raise InvalidRequest(
+            f"'{field}' ends the text where its grammar does: not with 'ignore_eos' or 'min_tokens'", param=field
+        )
     try:
         return grammar.compile(spec, resolve_model(config.model, config.cache_dir))
     except grammar.GrammarError as exc:

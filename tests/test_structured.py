@@ -316,6 +316,15 @@ def test_the_parser_refuses_what_it_does_not_implement(outputs):
     assert refused.value.param == "structured_outputs"
 
 
+@pytest.mark.parametrize("extra", [{"ignore_eos": True}, {"min_tokens": 3}])
+def test_a_grammar_that_decides_the_end_refuses_ignore_eos_and_min_tokens(extra):
+    """Once the grammar is complete only EOS is allowed, and these ban it: every token masked."""
+    with pytest.raises(InvalidRequest) as refused:
+        parse_structured({"response_format": {"type": "json_object"}, **extra}, Config())
+    assert refused.value.param == "response_format"
+    assert parse_structured({"response_format": {"type": "text"}, **extra}, Config()) is None
+
+
 # --- one static round, constrained and unconstrained rows side by side --------------------------
 @pytest.fixture(scope="module")
 def static_app():
