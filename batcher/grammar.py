@@ -7,9 +7,10 @@ the vLLM engine gets the spec as `StructuredOutputsParams` (`vllm_params`) and c
 its own xgrammar backend, set up by `vllm_config()` the way `compile()` compiles here.
 
 JSON is compact on both engines (no free whitespace between tokens): with xgrammar's default
-`any_whitespace`, a 135M model under a JSON grammar can emit whitespace until max_tokens (vLLM's
-own server parsed 7 of 10 SDK `parse()` replies on a bounded schema that way, here); without
-it, a bounded schema always closes.
+`any_whitespace`, a 135M model under a JSON grammar can emit whitespace until max_tokens (a
+trial of vLLM's own server with those defaults parsed 7 of 10 SDK `parse()` replies on a bounded
+schema); without it, whitespace is no way to loop, and a schema whose strings and arrays are
+bounded always closes.
 """
 
 from __future__ import annotations
