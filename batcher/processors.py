@@ -1,7 +1,7 @@
 """Per-row logits processors for one static round, in vLLM's order, so a round of rows that all
 differ stays one `generate()` call:
 
-    record logprobs (raw scores) -> ignore_eos -> min_tokens -> logit_bias -> penalties
+    grammar mask -> record logprobs (the model's scores, masked) -> ignore_eos -> min_tokens -> logit_bias -> penalties
     -> greedy argmax | temperature -> min_p -> top_k -> top_p -> seeded draw
 
 `build()` adds a processor only when some row of the round needs it: a plain greedy round gets
@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from batcher.constraint import GrammarMask
 from batcher.sequence import Sequence, TokenLogprob
 
 
@@ -175,6 +176,8 @@ def build(
     params = [s.params for s in seqs]
     processors = LogitsProcessorList()
     recorder = None
+    if any(p.structured is not None for p in params):  # first: everything after sees the masked scores
+        processors.append(GrammarMask(seqs, eos_ids, attention_mask.shape[1], vocab))
     if any(p.logprobs is not None for p in params):
         recorder = RecordLogprobs(seqs, tokenizer)
         processors.append(recorder)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from batcher.grammar import vllm_params
 from batcher.sequence import Sequence, TokenLogprob
 
 
@@ -27,6 +28,7 @@ def sampling_params(seq: Sequence):
         seed=p.seed,
         logprobs=p.logprobs,
         ignore_eos=p.ignore_eos,
+        structured_outputs=vllm_params(p.structured),
         output_kind=RequestOutputKind.DELTA,  # each step hands out only the new text
     )
 

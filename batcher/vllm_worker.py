@@ -22,6 +22,7 @@ from contextlib import AbstractContextManager
 from batcher import fence
 from batcher.engine import EngineThread
 from batcher.errors import RoundFailed, ShuttingDown
+from batcher.grammar import vllm_config
 from batcher.metrics import Metrics
 from batcher.sequence import Sequence
 from batcher.settings import VLLMSettings
@@ -81,6 +82,7 @@ class VLLMWorker(EngineThread):
             enforce_eager=s.enforce_eager,
             tensor_parallel_size=s.tensor_parallel_size,
             disable_log_stats=True,
+            structured_outputs_config=vllm_config(),  # the static engine's xgrammar settings
         )
         return LLMEngine.from_engine_args(args)
 

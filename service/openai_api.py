@@ -16,7 +16,7 @@ from flask import Blueprint, Flask, current_app, jsonify, request
 
 from batcher.errors import EngineError
 from batcher.sequence import Piece, Sequence
-from service import auth, errors, generation, schema, sse
+from service import auth, errors, generation, schema, sse, structured
 from service.errors import ApiError, InvalidRequest, ModelNotFound
 from service.openai_replies import ChatShape, TextShape, usage
 from service.params import chat_logprobs, parse_n, parse_sampling
@@ -55,6 +55,7 @@ def models(engine: str):
         "root": current_app.extensions["model_path"],
         # the longest sequence a request can make: prompts keep their last MAX_INPUT_TOKENS
         "max_model_len": config.max_input_tokens + config.max_new_tokens_limit,
+        "structured_outputs": structured.SUPPORTED,  # the kinds both engines constrain decoding to
     }
     return jsonify({"object": "list", "data": [card]})
 

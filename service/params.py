@@ -13,6 +13,7 @@ import math
 from batcher.sequence import SamplingParams
 from service.config import Config
 from service.errors import InvalidRequest
+from service.structured import parse_structured
 
 MAX_STOP = 4  # stop strings per request (OpenAI's limit)
 MAX_STOP_TOKEN_IDS = 64
@@ -111,6 +112,7 @@ def parse_sampling(body: dict, config: Config, *, default_temperature: float) ->
         min_p=_float(body, "min_p", 0.0, lambda v: 0 <= v <= 1, "in 0..1"),
         min_tokens=_int(body, "min_tokens", 0, lambda v: 0 <= v <= max_tokens, f"in 0..max_tokens ({max_tokens})"),
         logit_bias=_logit_bias(body),
+        structured=parse_structured(body, config),
     )
 
 

@@ -1,0 +1,60 @@
+"""GrammarMask: the per-row structured-output constraint of one static round, first of the round's
+logits processors (vLLM masks before it computes logprobs, penalties or samples; so do we).
+
+Written on xgrammar's matcher and bitmask API rather than taken whole: xgrammar's ready-made
+Hugging Face processor holds one grammar for every row, and a round mixes rows with different
+grammars and rows with none. Each constrained row owns a `GrammarMatcher`; at each step it
+accepts the row's last token and fills the row's bitmask; rows without a spec are untouched.
+
+A matcher's stop tokens are the round's EOS ids, so a row whose grammar is complete can only
+pick EOS, and RoundRows ends it there with finish_reason "stop", as any EOS.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from transformers import LogitsProcessor
+
+from batcher.sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+
+class GrammarMask(LogitsProcessor):
+    def __init__(self, seqs: list[Sequence], eos_ids: list[int], prompt_len: int, vocab: int):
+        import xgrammar as xgr
+
+        self._xgr = xgr
+        self.prompt_len = prompt_len
+        self.vocab = vocab
+        # row -> its matcher, while the row is still under its grammar
+        self.matchers = {
+            row: xgr.GrammarMatcher(seq.params.structured.compiled, override_stop_tokens=eos_ids)
+            for row, seq in enumerate(seqs)
+            if seq.params.structured is not None
+        }
+        self.bitmask = xgr.allocate_token_bitmask(len(seqs), vocab)  # [B, ceil(V / 32)] int32, CPU
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        # input_ids: [B, S + generated so far]; scores: [B, V]
+        if input_ids.shape[1] > self.prompt_len:
+            self._accept(input_ids[:, -1].tolist())
+        if not self.matchers:
+            return scores
+        rows = sorted(self.matchers)
+        for row in rows:
+            self.matchers[row].fill_next_token_bitmask(self.bitmask, row)
+        bitmask = self.bitmask.to(scores.device, non_blocking=True)
+        self._xgr.apply_token_bitmask_inplace(scores, bitmask, vocab_size=self.vocab, indices=rows)
+        return scores
+
+    def _accept(self, tokens: list[int]) -> None:
+        """The last step's tokens. A row leaves the mask when its grammar ended (it took a stop
+        token, so RoundRows ends it) or its token was not the grammar's: the row ended for
+        another reason (max_tokens, a stop string, cancelled) and generate() feeds it padding."""
+        for row in list(self.matchers):
+            matcher = self.matchers[row]
+            if not matcher.accept_token(tokens[row]) or matcher.is_terminated():
+                del self.matchers[row]

@@ -1,0 +1,134 @@
+"""Structured outputs of a request body, parsed, validated and compiled once for every route.
+
+Two spellings, vLLM 0.32's names and meanings (its OpenAI protocol maps `response_format` onto
+`structured_outputs` the same way):
+- OpenAI's `response_format`: {"type": "text"} (no constraint), {"type": "json_object"},
+  {"type": "json_schema", "json_schema": {"name", "schema", "strict"?}};
+- vLLM's `structured_outputs`: exactly one of `json` (a JSON schema, object or text), `regex`,
+  `choice` (a list of strings), `grammar` (EBNF or Lark), `json_object: true`, `structural_tag`
+  (xgrammar's structural tag, object or text); `disable_any_whitespace: true` is accepted and
+  is what both engines always do (compact JSON, see batcher/grammar.py).
+The demo routes take either, for every prompt of the request. The grammar is compiled here, in
+the request thread, before anything is submitted: a bad spec raises `InvalidRequest` naming the
+field (OpenAI routes: 400 with `param`), and the model thread never compiles.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+
+from batcher import grammar
+from batcher.checkpoint import resolve_model
+from batcher.grammar import StructuredSpec
+from service.config import Config
+from service.errors import InvalidRequest
+
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+# what GET /v1/models announces, per request field
+SUPPORTED = {"response_format": list(RESPONSE_FORMATS), "structured_outputs": list(grammar.KINDS)}
+# vLLM's per-request options that its xgrammar backend ignores (they are engine settings there)
+UNSUPPORTED_OPTIONS = ("whitespace_pattern", "disable_additional_properties")
+
+
+def parse_structured(body: dict, config: Config) -> StructuredSpec | None:
+    """The request's constraint, compiled, or None."""
+    fmt, outputs = body.get("response_format"), body.get("structured_outputs")
+    spec, field = None, None
+    if fmt is not None:
+        spec, field = _response_format(fmt), "response_format"
+    if outputs is not None:
+        if spec is not None:
+            raise InvalidRequest(
+                "'response_format' and 'structured_outputs' both constrain the output: send one",
+                param="response_format",
+            )
+        spec, field = _structured_outputs(outputs), "structured_outputs"
+    if spec is None:
+        return None
+    if body.get("ignore_eos") or body.get("min_tokens"):  # a complete grammar allows only EOS
+        raise InvalidRequest(
+            f"'{field}' ends the text where its grammar does: not with 'ignore_eos' or 'min_tokens'", param=field
+        )
+    try:
+        return grammar.compile(spec, resolve_model(config.model, config.cache_dir))
+    except grammar.GrammarError as exc:
+        raise InvalidRequest(f"'{field}': the {spec.kind} does not compile: {exc}", param=field) from exc
+
+
+def _response_format(fmt) -> StructuredSpec | None:
+    def bad(why: str) -> InvalidRequest:
+        return InvalidRequest(f"'response_format' {why}", param="response_format")
+
+    if not isinstance(fmt, dict) or fmt.get("type") not in RESPONSE_FORMATS:
+        raise bad(f"must be an object with a 'type' among {', '.join(RESPONSE_FORMATS)}")
+    extra = set(fmt) - {"type", "json_schema"}
+    if extra:
+        raise bad(f"has unknown fields: {', '.join(sorted(extra))}")
+    if fmt["type"] == "text":
+        return None
+    if fmt["type"] == "json_object":
+        return StructuredSpec("json_object")
+    described = fmt.get("json_schema")
+    if not isinstance(described, dict) or described.get("schema") is None:
+        raise bad("of type 'json_schema' needs 'json_schema': {'name', 'schema', 'strict'?}")
+    if not isinstance(described.get("name", ""), str) or not isinstance(described.get("strict", False), bool):
+        raise bad("'json_schema.name' must be a string and 'json_schema.strict' true or false")
+    return StructuredSpec("json", _schema(described["schema"], "response_format"))
+
+
+def _structured_outputs(outputs) -> StructuredSpec:
+    def bad(why: str) -> InvalidRequest:
+        return InvalidRequest(f"'structured_outputs' {why}", param="structured_outputs")
+
+    if not isinstance(outputs, dict):
+        raise bad("must be an object")
+    unknown = set(outputs) - set(grammar.KINDS) - {"disable_any_whitespace", *UNSUPPORTED_OPTIONS}
+    if unknown:
+        raise bad(f"has unknown fields: {', '.join(sorted(unknown))}")
+    for option in UNSUPPORTED_OPTIONS:
+        if outputs.get(option) is not None:
+            raise bad(f"'{option}' is not supported (vLLM's xgrammar backend ignores it too)")
+    if outputs.get("disable_any_whitespace") not in (None, True):
+        raise bad("'disable_any_whitespace' can only be true: JSON output is always compact on both engines")
+    kinds = [kind for kind in grammar.KINDS if outputs.get(kind) is not None]
+    if len(kinds) != 1:
+        raise bad(f"needs exactly one of {', '.join(grammar.KINDS)}, got {len(kinds)}: {', '.join(kinds) or 'none'}")
+    [kind] = kinds
+    value = outputs[kind]
+    if kind == "json":
+        return StructuredSpec("json", _schema(value, "structured_outputs"))
+    if kind == "json_object":
+        if value is not True:
+            raise bad("'json_object' must be true")
+        return StructuredSpec("json_object")
+    if kind == "choice":
+        if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
+            raise bad("'choice' must be a non-empty list of non-empty strings")
+        return StructuredSpec("choice", tuple(dict.fromkeys(value)))
+    if kind == "structural_tag":
+        if isinstance(value, dict):
+            value = json.dumps(value)
+        if not isinstance(value, str):
+            raise bad("'structural_tag' must be an object or its JSON text")
+        return StructuredSpec("structural_tag", value)
+    if not isinstance(value, str) or not value.strip():  # regex, grammar
+        raise bad(f"'{kind}' must be a non-empty string")
+    return StructuredSpec(kind, value)
+
+
+def _schema(schema, field: str) -> str:
+    """A JSON schema (an object, or its JSON text) checked against its own metaschema, as text."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as exc:
+            raise InvalidRequest(f"'{field}': the schema is not valid JSON: {exc}", param=field) from exc
+    if not isinstance(schema, dict):
+        raise InvalidRequest(f"'{field}': the schema must be a JSON object", param=field)
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise InvalidRequest(f"'{field}': not a valid JSON Schema: {exc.message}", param=field) from exc
+    return json.dumps(schema)
