@@ -44,6 +44,9 @@ class SamplingParams:
         return (self.presence_penalty, self.frequency_penalty, self.repetition_penalty) != (0.0, 0.0, 1.0)
 
 
+LOGPROB_FLOOR = -9999.0  # vLLM's OpenAI server: the logprob it reports for an impossible token
+
+
 @dataclass(frozen=True)
 class TokenLogprob:
     """One generated token's log-probability under the model (before temperature, penalties and
@@ -54,6 +57,13 @@ class TokenLogprob:
     token: str
     logprob: float
     top: tuple[tuple[int, str, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        # A token a grammar forbids has logprob -inf, which JSON cannot carry (Flask would write
+        # `-Infinity`); vLLM's own server writes -9999.0 for it, and so do both our engines.
+        if self.logprob < LOGPROB_FLOOR or any(lp < LOGPROB_FLOOR for _, _, lp in self.top):
+            object.__setattr__(self, "logprob", max(self.logprob, LOGPROB_FLOOR))
+            object.__setattr__(self, "top", tuple((t, s, max(lp, LOGPROB_FLOOR)) for t, s, lp in self.top))
 
 
 class Status(StrEnum):

@@ -408,3 +408,14 @@ def test_the_runner_masks_only_the_constrained_rows_of_a_round(runner_fp32, mode
     assert size > 0 and cache.get_cache_size_bytes() == size
     with pytest.raises(grammar.GrammarError):
         spec("regex", "(")
+
+
+def test_tokens_a_grammar_forbids_get_vllms_floor_not_minus_infinity(runner_fp32, model_path):
+    """More alternatives asked than the grammar allows: the rest are impossible (-inf), which JSON
+    cannot carry; vLLM's server reports -9999.0 for them, and so do we."""
+    a_or_b = grammar.compile(StructuredSpec("choice", ("A", "B")), model_path)  # 2 tokens allowed
+    seq = Sequence("Pick A or B:", SamplingParams(max_tokens=4, structured=a_or_b, logprobs=5))
+    runner_fp32.generate([seq], runner_fp32.encode([seq.prompt]))
+    first = seq.logprobs[0]
+    assert first.top[-1][2] == -9999.0 and first.logprob > -9999.0
+    json.dumps([[r.logprob, [lp for _, _, lp in r.top]] for r in seq.logprobs], allow_nan=False)
