@@ -49,6 +49,7 @@ class Settings:
     graceful_timeout_s: int
     request_timeout_s: float
     max_body_bytes: int
+    client_timeout_s: int  # nginx waits this long for a request's headers, and between two reads of its body
     accel: str
     preload: str
     replica_host: str = ""  # where the replicas bind; "": HOST (a cluster's /metrics per replica)
@@ -68,6 +69,7 @@ class Settings:
             graceful_timeout_s=int(os.environ.get("GRACEFUL_TIMEOUT", "30")),
             request_timeout_s=float(os.environ.get("REQUEST_TIMEOUT_S", "120")),
             max_body_bytes=int(os.environ.get("MAX_BODY_BYTES", str(1 << 20))),
+            client_timeout_s=int(os.environ.get("CLIENT_TIMEOUT_S", "30")),
             accel=os.environ.get("ACCEL", "cpu"),
             preload=os.environ.get("REPLICA_PRELOAD", ""),
         )
@@ -151,6 +153,7 @@ def render(s: Settings, down: int | None = None) -> Path:
         "fail_timeout_s": FAIL_TIMEOUT_S,
         "read_timeout_s": int(s.request_timeout_s) + 30,
         "max_body_bytes": s.max_body_bytes,
+        "client_timeout_s": s.client_timeout_s,
         # gunicorn's master kills a worker still draining at GRACEFUL_TIMEOUT; then it exits itself
         "stop_wait_s": s.graceful_timeout_s + 15,
         "logs_to_terminal": s.logs_to_terminal,

@@ -37,6 +37,7 @@ def served(tmp_path):
         pytest.skip("nginx is not installed (`make setup` installs it when run as root)")
     port = free_port_run(2)  # nginx on port, gunicorn on port + 1
     env = {**os.environ, "HOST": "127.0.0.1", "PORT": str(port), "SERVE_DIR": str(tmp_path), "VLLM_ENABLED": "0"}
+    env["CLIENT_TIMEOUT_S"] = "600"  # nginx keeps the half requests for the whole test, however slow the machine
     with open(tmp_path / "make-serve.log", "wb") as log:
         proc = subprocess.Popen(
             ["make", "serve"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
