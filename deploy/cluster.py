@@ -1,6 +1,8 @@
-"""`make cluster` and `make rolling-restart`: replicas of the service behind nginx, run by supervisord.
+"""`make serve`, `make cluster` and `make rolling-restart`: the service behind nginx, run by supervisord.
 
-Nothing here balances or supervises. `run` renders deploy/*.j2 into a run folder and becomes
+Nothing here balances or supervises. `serve` is a cluster of one replica bound to loopback (nginx
+buffers each request before gunicorn sees it, so slow clients hold no gunicorn thread); without
+nginx it warns and runs plain gunicorn on HOST:PORT. `run` renders deploy/*.j2 into a run folder and becomes
 supervisord (foreground), which runs nginx and the replicas; Ctrl-C or SIGTERM makes it stop them,
 each replica draining. `rolling-restart` restarts one replica at a time with supervisorctl, taking
 it out of nginx's upstream (`down`, reload) while it drains and loads, and puts it back and goes on
@@ -10,7 +12,7 @@ Settings come from the environment, as for `make serve`: PORT (nginx; replicas o
 REPLICAS), REPLICAS, HOST, CLUSTER_DIR (the run folder), and every service knob, which the
 replicas inherit. ACCEL=gpu gives replica i the GPU i-1 (CUDA_VISIBLE_DEVICES).
 
-    python -m deploy.cluster run | rolling-restart
+    python -m deploy.cluster serve | run | rolling-restart
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -46,8 +49,11 @@ class Settings:
     graceful_timeout_s: int
     request_timeout_s: float
     max_body_bytes: int
+    client_timeout_s: int  # nginx waits this long for a request's headers, and between two reads of its body
     accel: str
     preload: str
+    replica_host: str = ""  # where the replicas bind; "": HOST (a cluster's /metrics per replica)
+    logs_to_terminal: bool = False  # the replicas' output on supervisord's stdout, not in files
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -68,6 +74,7 @@ class Settings:
             graceful_timeout_s=int(os.environ.get("GRACEFUL_TIMEOUT", "30")),
             request_timeout_s=config.request_timeout_s,
             max_body_bytes=config.max_body_bytes,
+            client_timeout_s=int(os.environ.get("CLIENT_TIMEOUT_S", "30")),
             accel=os.environ.get("ACCEL", "cpu"),
             preload=os.environ.get("REPLICA_PRELOAD", ""),
         )
@@ -86,9 +93,13 @@ class Settings:
         return [self.port + i for i in range(1, self.replicas + 1)]
 
     @property
+    def replica_bind(self) -> str:
+        return self.replica_host or self.host
+
+    @property
     def replica_address(self) -> str:
-        """Where nginx (on this machine) reaches a replica bound to HOST."""
-        return "127.0.0.1" if self.host in ("0.0.0.0", "", "::") else self.host
+        """Where nginx (on this machine) reaches a replica bound to `replica_bind`."""
+        return "127.0.0.1" if self.replica_bind in ("0.0.0.0", "", "::") else self.replica_bind
 
     @property
     def supervisord_conf(self) -> Path:
@@ -100,10 +111,14 @@ def _supervisor_value(value: str) -> str:
     return '"' + value.replace("%", "%%").replace('"', '\\"') + '"'
 
 
-def _tool(name: str) -> str:
+def find_tool(name: str) -> str | None:
     """A tool from this venv first (supervisord, gunicorn), then PATH, then /usr/sbin (nginx)."""
     here = Path(sys.executable).with_name(name)
-    found = str(here) if here.exists() else shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin")
+    return str(here) if here.exists() else shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin")
+
+
+def _tool(name: str) -> str:
+    found = find_tool(name)
     if not found:
         raise SystemExit(f"{name} not found: `make setup` installs it (nginx with apt-get, as root)")
     return found
@@ -116,7 +131,7 @@ def render(s: Settings, down: int | None = None) -> Path:
         (s.run_dir / "nginx-tmp" / sub).mkdir(parents=True, exist_ok=True)
     replicas = []
     for i, port in enumerate(s.replica_ports, 1):
-        env = {"HOST": s.host, "PORT": str(port)}
+        env = {"HOST": s.replica_bind, "PORT": str(port)}
         if s.preload:
             env["LD_PRELOAD"] = s.preload
         if s.accel == "gpu":  # one replica per GPU (untested here: this machine has none)
@@ -143,8 +158,10 @@ def render(s: Settings, down: int | None = None) -> Path:
         "fail_timeout_s": FAIL_TIMEOUT_S,
         "read_timeout_s": int(s.request_timeout_s) + 30,
         "max_body_bytes": s.max_body_bytes,
+        "client_timeout_s": s.client_timeout_s,
         # gunicorn's master kills a worker still draining at GRACEFUL_TIMEOUT; then it exits itself
         "stop_wait_s": s.graceful_timeout_s + 15,
+        "logs_to_terminal": s.logs_to_terminal,
     }
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE), undefined=jinja2.StrictUndefined)
     for name in ("nginx.conf", "supervisord.conf"):
@@ -155,9 +172,30 @@ def render(s: Settings, down: int | None = None) -> Path:
 def run(s: Settings) -> None:
     conf = render(s)
     s.save()
-    print(f"cluster: nginx on {s.host}:{s.port}, replicas on {s.replica_ports}; logs in {s.run_dir}", flush=True)
+    replicas = ", ".join(f"{s.replica_address}:{port}" for port in s.replica_ports)
+    print(f"cluster: nginx on {s.host}:{s.port}, gunicorn on {replicas}; logs in {s.run_dir}", flush=True)
     supervisord = _tool("supervisord")
     os.execv(supervisord, [supervisord, "-n", "-c", str(conf)])  # signals go straight to it
+
+
+def serve(s: Settings) -> None:
+    """`make serve`: nginx on HOST:PORT in front of one gunicorn on 127.0.0.1:PORT+1; without
+    nginx, plain gunicorn on HOST:PORT, which slow clients can starve (README, *Two commands*)."""
+    if find_tool("nginx") is None:  # e.g. `make setup` not run as root
+        logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+        logging.getLogger("deploy.serve").warning(
+            "nginx not found (`make setup` installs it when run as root): serving with plain gunicorn on"
+            " %s:%d, whose THREADS connections that send half a request can hold",
+            s.host,
+            s.port,
+        )
+        gunicorn, env = _tool("gunicorn"), {**os.environ, "HOST": s.host, "PORT": str(s.port)}
+        if s.preload:
+            env["LD_PRELOAD"] = s.preload
+        os.chdir(ROOT)
+        os.execve(gunicorn, [gunicorn, "-c", "gunicorn.conf.py", "wsgi:app"], env)
+    else:
+        run(dataclasses.replace(s, replicas=1, replica_host="127.0.0.1", logs_to_terminal=True))
 
 
 def healthy(address: str, port: int) -> bool:
@@ -215,11 +253,13 @@ def rolling_restart(run_dir: Path, health_timeout_s: float) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["run", "render", "rolling-restart"])
+    parser.add_argument("command", choices=["serve", "run", "render", "rolling-restart"])
     parser.add_argument("--health-timeout", type=float, default=600, help="seconds a replica may take to be healthy")
     args = parser.parse_args(argv)
     settings = Settings.from_env()
-    if args.command == "run":
+    if args.command == "serve":
+        serve(settings)
+    elif args.command == "run":
         run(settings)
     elif args.command == "render":
         print(render(settings))

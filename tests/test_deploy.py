@@ -90,3 +90,37 @@ def test_tensor_parallel_size_must_be_positive():
     assert Config(vllm_tensor_parallel_size=2).vllm_tensor_parallel_size == 2
     with pytest.raises(ValueError, match="VLLM_TENSOR_PARALLEL_SIZE"):
         Config(vllm_tensor_parallel_size=0)
+
+
+def test_serve_is_one_replica_on_loopback_behind_nginx_with_its_log_on_the_terminal(tmp_path, monkeypatch):
+    if NGINX is None:
+        pytest.skip("nginx is not installed (`make setup` installs it when run as root)")
+    for key, value in {"PORT": "9200", "REPLICAS": "3", "HOST": "0.0.0.0", "CLUSTER_DIR": str(tmp_path)}.items():
+        monkeypatch.setenv(key, value)
+    execs = []
+    monkeypatch.setattr(cluster.os, "execv", lambda path, argv: execs.append(argv))
+    cluster.serve(cluster.Settings.from_env())
+    assert execs and execs[0][0].endswith("supervisord")  # the cluster's launcher, one replica
+    nginx, supervisord = (tmp_path / "nginx.conf").read_text(), (tmp_path / "supervisord.conf").read_text()
+    assert "listen 0.0.0.0:9200;" in nginx and "server 127.0.0.1:9201 max_fails=" in nginx and ":9202" not in nginx
+    assert "client_header_timeout 30s;" in nginx and "client_body_timeout 30s;" in nginx
+    assert 'HOST="127.0.0.1"' in supervisord and "stdout_logfile=/dev/stdout" in supervisord
+    assert cluster.Settings.load(tmp_path).replica_bind == "127.0.0.1"  # a rolling restart renders the same
+
+
+def test_serve_without_nginx_warns_and_runs_plain_gunicorn_on_host_and_port(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("PORT", "9300")
+    monkeypatch.setenv("HOST", "0.0.0.0")
+    monkeypatch.setenv("CLUSTER_DIR", str(tmp_path))
+    real = cluster.find_tool
+    monkeypatch.setattr(cluster, "find_tool", lambda name: None if name == "nginx" else real(name))
+    monkeypatch.setattr(cluster.os, "chdir", lambda path: None)
+    execs = []
+    monkeypatch.setattr(cluster.os, "execve", lambda path, argv, env: execs.append((argv, env)))
+    with caplog.at_level("WARNING", logger="deploy.serve"):
+        cluster.serve(cluster.Settings.from_env())
+    ((argv, env),) = execs
+    assert argv[0].endswith("gunicorn") and argv[1:] == ["-c", "gunicorn.conf.py", "wsgi:app"]
+    assert env["HOST"] == "0.0.0.0" and env["PORT"] == "9300"
+    assert "nginx not found" in caplog.text and "plain gunicorn on 0.0.0.0:9300" in caplog.text
+    assert not (tmp_path / "supervisord.conf").exists()
