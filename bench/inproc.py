@@ -54,7 +54,9 @@ def _static(spec: dict, config: Config, model_path: str) -> dict:
     set_torch_threads(config.torch_threads)  # as the service's model thread does
     started = time.perf_counter()
     size = spec.get("round", config.batch_size)  # rounds of BATCH_SIZE, as the service runs them
-    settings = dataclasses.replace(config, dtype=spec["dtype"], static_compile="0" if spec["eager"] else "1", batch_size=size)
+    settings = dataclasses.replace(
+        config, dtype=spec["dtype"], static_compile="0" if spec["eager"] else "1", batch_size=size
+    )
     runner = Runner(settings.static_engine(model_path))
     compile_s = runner.warm_up() if runner.compiles else 0.0
     out = {"start_s": time.perf_counter() - started, "compile_s": compile_s, "dtype": str(runner.dtype)}
