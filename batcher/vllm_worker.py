@@ -30,6 +30,16 @@ from batcher.vllm_translate import logprob_records, sampling_params
 
 log = logging.getLogger(__name__)
 
+# the settings that are vLLM EngineArgs of the same name
+ENGINE_ARGS = (
+    "dtype",
+    "max_num_seqs",
+    "max_model_len",
+    "gpu_memory_utilization",
+    "enforce_eager",
+    "tensor_parallel_size",
+)
+
 
 class VLLMWorker(EngineThread):
     """The sequences in the engine are the workload's taken ones (added, or about to be)."""
@@ -75,12 +85,7 @@ class VLLMWorker(EngineThread):
 
         args = EngineArgs(
             model=s.model_path,
-            dtype=s.dtype,
-            max_num_seqs=s.max_num_seqs,
-            max_model_len=s.max_model_len,
-            gpu_memory_utilization=s.gpu_memory_utilization,
-            enforce_eager=s.enforce_eager,
-            tensor_parallel_size=s.tensor_parallel_size,
+            **{name: getattr(s, name) for name in ENGINE_ARGS},
             disable_log_stats=True,
             structured_outputs_config=vllm_config(),  # the static engine's xgrammar settings
         )

@@ -8,6 +8,16 @@ from dataclasses import dataclass, field, fields
 from batcher.checkpoint import CHECKPOINT_NAME, DEFAULT_MODEL
 from batcher.settings import StaticSettings, VLLMSettings
 
+# VLLMSettings fields that are the Config field `vllm_<name>` as it is
+VLLM_AS_SET = (
+    "max_num_seqs",
+    "max_model_len",
+    "kv_cache_gib",
+    "gpu_memory_utilization",
+    "max_inbox",
+    "tensor_parallel_size",
+)
+
 
 def _flag(value: str) -> bool:
     return value.strip().lower() in ("1", "true", "yes", "on")
@@ -118,13 +128,9 @@ class Config:
             device=device,
             dtype=dtype_name(pick_dtype(self.dtype, device)),
             enforce_eager=pick_enforce_eager(self.vllm_enforce_eager, device),
-            max_num_seqs=self.vllm_max_num_seqs,
-            max_model_len=self.vllm_max_model_len,
             max_input_tokens=self.max_input_tokens,
-            kv_cache_gib=self.vllm_kv_cache_gib,
-            gpu_memory_utilization=self.vllm_gpu_memory_utilization,
-            max_inbox=self.vllm_max_inbox,
-            tensor_parallel_size=self.vllm_tensor_parallel_size,
+            # the rest as VLLM_<NAME> sets them
+            **{name: getattr(self, f"vllm_{name}") for name in VLLM_AS_SET},
         )
 
     @classmethod

@@ -111,3 +111,23 @@ def held_rounds(app):
 
     yield release
     release()
+
+
+# --- a static engine on the real runner with test hooks (tests/test_worker.py's InstrumentedRunner)
+@pytest.fixture
+def runner(runner_fp32):
+    from tests.test_worker import InstrumentedRunner
+
+    return InstrumentedRunner(runner_fp32)
+
+
+@pytest.fixture
+def worker(runner):
+    """A started static engine on `runner`: a round holding test_worker.GATE waits for `runner.gate`."""
+    from batcher.worker import ModelWorker
+
+    worker = ModelWorker(runner.settings, load_runner=lambda: runner).start()
+    assert worker.wait_ready(30)
+    yield worker
+    runner.gate.set()
+    worker.stop()

@@ -16,24 +16,12 @@ import requests
 
 from batcher.errors import ShuttingDown
 from batcher.sequence import Status
-from batcher.worker import ModelWorker
 from bench.server import Server
 from tests.conftest import wait_until
-from tests.test_worker import GATE, InstrumentedRunner, submit, wait
+from tests.test_worker import GATE, submit, wait
 
 
-@pytest.fixture
-def gated(runner_fp32):
-    runner = InstrumentedRunner(runner_fp32)
-    worker = ModelWorker(runner.settings, load_runner=lambda: runner).start()
-    assert worker.wait_ready(30)
-    yield worker, runner
-    runner.gate.set()
-    worker.stop()
-
-
-def test_a_draining_engine_refuses_new_work_and_finishes_what_it_holds(gated):
-    worker, runner = gated
+def test_a_draining_engine_refuses_new_work_and_finishes_what_it_holds(worker, runner):
     running = submit(worker, GATE, "b", "c", "d", max_tokens=8)
     assert runner.entered.wait(30)
     queued = submit(worker, "queued one", "queued two", max_tokens=8)
@@ -51,14 +39,12 @@ def test_a_draining_engine_refuses_new_work_and_finishes_what_it_holds(gated):
     assert worker.abandoned == 0 and worker.status == "stopped"
 
 
-def test_an_idle_engine_is_drained_at_once(gated):
-    worker, _ = gated
+def test_an_idle_engine_is_drained_at_once(worker):
     worker.begin_drain()
     assert worker.wait_drained(30) and worker.held_at_drain == 0
 
 
-def test_what_is_still_running_when_the_drain_time_is_up_is_abandoned(gated):
-    worker, runner = gated
+def test_what_is_still_running_when_the_drain_time_is_up_is_abandoned(worker, runner):
     [running] = submit(worker, GATE, max_tokens=200)
     assert runner.entered.wait(30)
     [queued] = submit(worker, "never runs")

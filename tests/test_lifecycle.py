@@ -11,7 +11,7 @@ import pytest
 from batcher.errors import ShuttingDown
 from batcher.sequence import Sequence
 from batcher.worker import ModelWorker
-from tests.test_worker import GATE, InstrumentedRunner, submit
+from tests.test_worker import GATE, submit
 from tests.test_workload import WatchedQueue
 
 
@@ -31,18 +31,7 @@ class ContendedLock:
         self._lock.release()
 
 
-@pytest.fixture
-def gated(runner_fp32):
-    runner = InstrumentedRunner(runner_fp32)
-    worker = ModelWorker(runner.settings, load_runner=lambda: runner).start()
-    assert worker.wait_ready(30)
-    yield worker, runner
-    runner.gate.set()
-    worker.stop()
-
-
-def test_a_drain_that_begins_during_an_admission_refuses_it_or_counts_it(gated):
-    worker, runner = gated
+def test_a_drain_that_begins_during_an_admission_refuses_it_or_counts_it(worker, runner):
     [blocker] = submit(worker, GATE)  # the model thread waits in a round: what comes next stays queued
     assert runner.entered.wait(30)
     drain_ran_or_waits = threading.Event()

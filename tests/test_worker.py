@@ -8,7 +8,6 @@ import pytest
 from batcher.errors import RoundFailed, ShuttingDown
 from batcher.runner import Runner
 from batcher.sequence import SamplingParams, Sequence, Status
-from batcher.worker import ModelWorker
 
 POISON = "<fail this round>"
 GATE = "<hold this round>"
@@ -31,20 +30,6 @@ class InstrumentedRunner(Runner):
             self.entered.set()
             assert self.gate.wait(60)
         return super().generate(seqs, inputs)
-
-
-@pytest.fixture
-def runner(runner_fp32):
-    return InstrumentedRunner(runner_fp32)
-
-
-@pytest.fixture
-def worker(runner):
-    worker = ModelWorker(runner.settings, load_runner=lambda: runner).start()
-    assert worker.wait_ready(30)
-    yield worker
-    runner.gate.set()
-    worker.stop()
 
 
 def submit(worker, *prompts, max_tokens=5, solo=False, ignore_eos=False):
