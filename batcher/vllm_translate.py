@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from batcher.errors import EngineError, InvalidParams, RoundFailed
 from batcher.grammar import vllm_params
 from batcher.sequence import Sequence, TokenLogprob
 
@@ -50,3 +51,16 @@ def logprob_records(seq: Sequence, completion, finished: bool) -> list[TokenLogp
         top = tuple((tid, lp.decoded_token or "", lp.logprob) for tid, lp in ranked[:k])
         records.append(TokenLogprob(token, chosen.decoded_token or "", chosen.logprob, top))
     return records
+
+
+def refusal(seq: Sequence, exc: Exception) -> EngineError:
+    """What `add_request` raised, in our words. vLLM's own checks of a request raise its
+    `VLLMClientError` (a 4xx in its server): a schema feature its xgrammar backend does not
+    support, say, which our parser lets through because xgrammar alone ignores it. That is the
+    client's to fix, so a 4xx naming the field; anything else is a failed generation (500)."""
+    from vllm.exceptions import VLLMClientError
+
+    if isinstance(exc, VLLMClientError):
+        param = getattr(exc, "parameter", None) or ("structured_outputs" if seq.params.structured else None)
+        return InvalidParams(f"vLLM refused the request: {exc}", param=param)
+    return RoundFailed(f"vLLM refused the prompt: {type(exc).__name__}: {exc}")

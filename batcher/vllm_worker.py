@@ -26,7 +26,7 @@ from batcher.grammar import vllm_config
 from batcher.metrics import Metrics
 from batcher.sequence import Sequence
 from batcher.settings import VLLMSettings
-from batcher.vllm_translate import logprob_records, sampling_params
+from batcher.vllm_translate import logprob_records, refusal, sampling_params
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ class VLLMWorker(EngineThread):
                 )
             except Exception as exc:  # a prompt the engine refuses fails alone
                 self.workload.release(seq)
-                seq.fail(RoundFailed(f"vLLM refused the prompt: {type(exc).__name__}: {exc}"))
+                seq.fail(refusal(seq, exc))
                 continue
             admitted.append(seq)
         for seq in admitted:  # joins the running ones at the next step

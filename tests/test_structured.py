@@ -287,6 +287,16 @@ def test_a_bad_spec_is_a_400_naming_the_field_and_leaves_nothing_behind(server, 
     assert ok.status_code == 200  # the engines run on
 
 
+def test_a_schema_feature_vllm_refuses_is_a_400_there_not_a_500(server):
+    """uniqueItems passes our parser (xgrammar alone ignores it) but vLLM's own request check
+    refuses it: that refusal is the client's to fix, a 400 naming the field, and nothing stays."""
+    schema = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    r = openai_post(server, "/v1", "/completions", {"prompt": "Hi", "structured_outputs": {"json": schema}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "structured_outputs", r.text
+    assert "xgrammar" in r.json()["error"]["message"]
+    assert nothing_left(server)
+
+
 @pytest.mark.parametrize(
     "body, kind",
     [
