@@ -210,7 +210,11 @@ def chat_completions(engine: str):
     return _respond(ChatShape, engine, model, [prompt], body, max_tokens_key)
 
 
-@bp.route("/<path:unknown>", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+
+
+@bp.route("/", defaults={"unknown": ""}, methods=METHODS, strict_slashes=False)  # the base URL itself too
+@bp.route("/<path:unknown>", methods=METHODS)
 def unknown_path(engine: str, unknown: str):
     """Any other path under the base URL: 404 in OpenAI's shape (the blueprint's error handler),
     as OpenAI answers it, whichever engine and whether or not it is ready."""

@@ -167,8 +167,11 @@ def test_continuous_usage_stats_put_usage_in_every_chunk(sdk, streaming_sdk):
     assert bad.value.body["param"] == "stream_options"
 
 
+UNKNOWN_PATHS = [("POST", "/embeddings"), ("GET", "/no/such/thing"), ("GET", "/v2"), ("POST", ""), ("GET", "/")]
+
+
 @BASES
-@pytest.mark.parametrize(("method", "path"), [("POST", "/embeddings"), ("GET", "/no/such/thing"), ("GET", "/v2")])
+@pytest.mark.parametrize(("method", "path"), UNKNOWN_PATHS)
 def test_an_unknown_path_is_a_404_in_openais_shape(server, base, method, path):
     r = requests.request(method, f"{server.url}{base}{path}", headers=auth(), json={}, timeout=30)
     assert r.status_code == 404
