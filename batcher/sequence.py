@@ -78,13 +78,15 @@ class Piece(str):
     """A streamed piece of a sequence's text, carrying the logprob records of the tokens it is
     the first piece to cover (empty without `logprobs`). A `str`, so a reader that wants only
     the text uses it as one; a reader that wants the records takes `piece.logprobs` instead of
-    looking at `Sequence.logprobs`, which the engine is still appending to."""
+    looking at `Sequence.logprobs`, which the engine is still appending to. `generated`: the
+    sequence's tokens so far, this piece's included (`token_ids` keeps growing meanwhile)."""
 
     logprobs: tuple[TokenLogprob, ...]
+    generated: int
 
-    def __new__(cls, text: str, logprobs: tuple[TokenLogprob, ...] = ()) -> Piece:
+    def __new__(cls, text: str, logprobs: tuple[TokenLogprob, ...] = (), generated: int = 0) -> Piece:
         piece = super().__new__(cls, text)
-        piece.logprobs = logprobs
+        piece.logprobs, piece.generated = logprobs, generated
         return piece
 
 
@@ -108,7 +110,8 @@ class Sequence:
     - `start` writes the round's details (`round`, `batch_size`, `batch_shape`, `started_at`)
       and then sets `entered`: those may be read from then on.
     - while the sequence runs, a streamed request reads only what each piece carries: the text,
-      and its logprob records (`Piece.logprobs`).
+      its logprob records (`Piece.logprobs`) and token count; and `prompt_tokens`, which the
+      engine writes before the sequence's first token.
     - `cancel()` is the one thing the request thread writes: the engine reads it between steps
       and drops the sequence.
     `status` is not stored: it follows from these events.
@@ -181,7 +184,7 @@ class Sequence:
         self.text += delta
         if self.pieces is not None:
             records, self._covered = tuple(self.logprobs[self._covered :]), len(self.logprobs)
-            self.pieces.put((self, Piece(delta, records)))
+            self.pieces.put((self, Piece(delta, records, len(self.token_ids))))
 
     def finish(self, reason: str) -> None:
         """Done with what it was given: `text` is the completion."""

@@ -12,7 +12,7 @@ from batcher.checkpoint import resolve_model
 from batcher.compile_cache import use_compile_cache
 from batcher.metrics import Metrics
 from batcher.vllm_worker import VLLMWorker
-from service import demo, errors, openai_api, ops, page
+from service import demo, errors, openai_api, ops, page, request_id
 from service.config import Config
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,7 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
     demo.register(app)
     openai_api.register(app)
     errors.register(app)
+    request_id.register(app)  # first of the app's hooks
     _observe_requests(app, metrics)
 
     if start:
@@ -110,6 +111,9 @@ def _observe_requests(app: Flask, metrics: Metrics) -> None:
     def _record(response):
         if request.blueprint in GENERATE_BLUEPRINTS:
             elapsed = time.perf_counter() - g.started
-            metrics.request_seconds.labels(request.path, str(response.status_code)).observe(elapsed)
-            log.info("%s %s %d %.3fs", request.method, request.path, response.status_code, elapsed)
+            # the route's rule, not the path: an unknown path under /v1 must not make a new series
+            endpoint = request.url_rule.rule if request.url_rule else request.path
+            metrics.request_seconds.labels(endpoint, str(response.status_code)).observe(elapsed)
+            status, rid = response.status_code, request_id.current()
+            log.info("%s %s %d %.3fs request_id=%s", request.method, request.path, status, elapsed, rid)
         return response

@@ -9,6 +9,7 @@ from flask import Blueprint, Flask, Response, jsonify
 from werkzeug.exceptions import HTTPException
 
 from batcher.errors import EngineError, InvalidParams, NotReady, QueueFull, RoundFailed, ShuttingDown
+from service import request_id
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +121,7 @@ def _respond(body: dict, status: int) -> Response:
 def log_unexpected(exc: BaseException, status: int) -> None:
     """A 500 that no one raised on purpose is a bug: its traceback goes to the log."""
     if status >= 500 and not isinstance(exc, (ApiError, EngineError, HTTPException)):
-        log.exception("unhandled error", exc_info=exc)
+        log.exception("unhandled error, request_id=%s", request_id.current(), exc_info=exc)
 
 
 def register(app: Flask) -> None:

@@ -13,10 +13,11 @@ import uuid
 from collections.abc import Iterator
 
 from flask import Blueprint, Flask, current_app, jsonify, request
+from werkzeug.exceptions import NotFound
 
 from batcher.errors import EngineError
 from batcher.sequence import Piece, Sequence
-from service import auth, errors, generation, schema, sse, structured
+from service import auth, errors, generation, openai_fields, schema, sse, structured
 from service.errors import ApiError, InvalidRequest, ModelNotFound
 from service.openai_replies import ChatShape, TextShape, usage
 from service.params import chat_logprobs, parse_n, parse_sampling
@@ -36,7 +37,7 @@ def register(app: Flask) -> None:
 @bp.before_request
 def _engine_available() -> None:
     """Every route of a loading, failed, disabled or stopping engine answers 503 with the reason."""
-    if request.view_args is not None:
+    if request.view_args is not None and request.endpoint.rsplit(".", 1)[-1] != unknown_path.__name__:
         generation.engine(request.view_args["engine"]).check_available()
 
 
@@ -68,45 +69,63 @@ def _check_model(body: dict) -> str:
     return name
 
 
-def _stream_options(body: dict) -> tuple[bool, bool]:
-    """(stream, include_usage)"""
+def _stream_options(body: dict) -> tuple[bool, bool, bool]:
+    """(stream, include_usage, continuous_usage_stats)"""
     stream = schema.flag(body, "stream")
     options = body.get("stream_options")
     if options is None:
-        return stream, False
+        return stream, False, False
     if not stream:
         raise InvalidRequest("'stream_options' is only allowed with 'stream': true", param="stream_options")
     if not isinstance(options, dict):
         raise InvalidRequest("'stream_options' must be an object", param="stream_options")
-    return stream, schema.flag(options, "include_usage")
+    include_usage = schema.flag(options, "include_usage")
+    continuous = schema.flag(options, "continuous_usage_stats")
+    if continuous and not include_usage:  # vLLM would send no usage at all: say so instead
+        message = "'stream_options.continuous_usage_stats' needs 'stream_options.include_usage': true"
+        raise InvalidRequest(message, param="stream_options")
+    return stream, include_usage, continuous
 
 
-def _respond(shape, engine: str, model: str, prompts: list[str], body: dict):
+def _respond(shape, engine: str, model: str, prompts: list[str], body: dict, max_tokens_key: str = "max_tokens"):
     """Run the prompts (n times each) and answer as one JSON object, or as server-sent chunks
     with `stream`. Choices are grouped per prompt: prompt p's i-th completion has index p*n + i."""
-    stream, include_usage = _stream_options(body)
+    stream, include_usage, continuous = _stream_options(body)
     config = _config()
-    params = parse_sampling(body, config, default_temperature=1.0)  # OpenAI's default
+    params = parse_sampling(body, config, default_temperature=1.0, max_tokens_key=max_tokens_key)  # OpenAI's
     n = parse_n(body, config)
     want = params.logprobs is not None
     eng = generation.engine(engine)
     head = {"id": f"{shape.prefix}-{uuid.uuid4().hex}", "created": int(time.time()), "model": model}
     if stream:
         pieces = generation.Pieces(eng, prompts, params, n)
-        chunks = _chunks(pieces, shape, {**head, "object": shape.chunk_object}, n, include_usage, want)
+        usage_in = (include_usage, continuous)
+        chunks = _chunks(pieces, shape, {**head, "object": shape.chunk_object}, n, usage_in, want)
         return sse.response(chunks)
     seqs = generation.complete(eng, prompts, params, n)
     choices = [shape.choice(i, seq, seq.logprobs if want else None) for i, seq in enumerate(seqs)]
     return jsonify({**head, "object": shape.object, "choices": choices, "usage": usage(seqs, n)})
 
 
-def _chunks(pieces: generation.Pieces, shape, head: dict, n: int, include_usage: bool, want: bool) -> Iterator[str]:
+def _chunks(
+    pieces: generation.Pieces, shape, head: dict, n: int, usage_in: tuple[bool, bool], want: bool
+) -> Iterator[str]:
     """One chunk per piece of text, a last one per choice with its finish_reason, the usage chunk
     if asked, then [DONE]; an error after the first byte is an error event, then [DONE].
-    With logprobs, each chunk carries those of the tokens generated since the choice's last one."""
+    With logprobs, each chunk carries those of the tokens generated since the choice's last one.
+    `usage_in`: (a usage chunk at the end, usage in every chunk too: that choice's prompt and
+    its tokens so far, as vLLM's `continuous_usage_stats`)."""
+    include_usage, continuous = usage_in
     index = {seq.id: i for i, seq in enumerate(pieces.seqs)}
     sent_records = dict.fromkeys(index, 0)
     sent_chars = dict.fromkeys(index, 0)
+
+    def event(choice: dict, prompt_tokens: int | None, generated: int) -> str:
+        if not continuous:
+            return sse.event({**head, "choices": [choice]})
+        counts = {"prompt_tokens": prompt_tokens, "completion_tokens": generated}
+        counts["total_tokens"] = (prompt_tokens or 0) + generated
+        return sse.event({**head, "choices": [choice], "usage": counts})
 
     def chunk(seq: Sequence, text: str, finish_reason: str | None = None) -> str:
         records = None
@@ -115,12 +134,17 @@ def _chunks(pieces: generation.Pieces, shape, head: dict, n: int, include_usage:
             sent_records[seq.id] += len(records)
         choice = shape.delta(index[seq.id], text, records, sent_chars[seq.id], finish_reason)
         sent_chars[seq.id] += len(text)
-        return sse.event({**head, "choices": [choice]})
+        # a piece carries its count; at the end the sequence is done and its own count is final
+        generated = text.generated if isinstance(text, Piece) else len(seq.token_ids)
+        return event(choice, seq.prompt_tokens, generated)
 
     try:
-        for choice in shape.opening(len(pieces.seqs)):
-            yield sse.event({**head, "choices": [choice]})
+        opened = False
         for seq, text in pieces:
+            if not opened:  # the first piece is here: its sequence's prompt is counted (chat: one prompt)
+                for choice in shape.opening(len(pieces.seqs)):
+                    yield event(choice, seq.prompt_tokens, 0)
+                opened = True
             if text is not None:
                 yield chunk(seq, text)
             elif seq.error is not None:
@@ -140,6 +164,7 @@ def _chunks(pieces: generation.Pieces, shape, head: dict, n: int, include_usage:
 @bp.post("/completions")
 def completions(engine: str):
     body = schema.json_body(request)
+    openai_fields.check(body, "completions")
     model = _check_model(body)
     prompt = body.get("prompt")
     prompts = [prompt] if isinstance(prompt, str) else prompt
@@ -176,9 +201,21 @@ def render_chat(messages) -> str:
 @bp.post("/chat/completions")
 def chat_completions(engine: str):
     body = schema.json_body(request)
+    openai_fields.check(body, "chat")
     model = _check_model(body)
     prompt = render_chat(body.get("messages"))
-    if body.get("max_completion_tokens") is not None:  # the newer name wins
-        body = {**body, "max_tokens": body["max_completion_tokens"]}
+    # the newer name wins, as on vLLM
+    max_tokens_key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     body = chat_logprobs(body)  # logprobs: true + top_logprobs: k, as the one field the engines read
-    return _respond(ChatShape, engine, model, [prompt], body)
+    return _respond(ChatShape, engine, model, [prompt], body, max_tokens_key)
+
+
+METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+
+
+@bp.route("/", defaults={"unknown": ""}, methods=METHODS, strict_slashes=False)  # the base URL itself too
+@bp.route("/<path:unknown>", methods=METHODS)
+def unknown_path(engine: str, unknown: str):
+    """Any other path under the base URL: 404 in OpenAI's shape (the blueprint's error handler),
+    as OpenAI answers it, whichever engine and whether or not it is ready."""
+    raise NotFound(f"Invalid URL ({request.method} {request.path})")

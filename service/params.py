@@ -89,10 +89,13 @@ def _logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
     return tuple(sorted(pairs.items()))
 
 
-def parse_sampling(body: dict, config: Config, *, default_temperature: float) -> SamplingParams:
-    """Every sampling field of `body` (absent or null: the default)."""
+def parse_sampling(
+    body: dict, config: Config, *, default_temperature: float, max_tokens_key: str = "max_tokens"
+) -> SamplingParams:
+    """Every sampling field of `body` (absent or null: the default). `max_tokens_key`: the field
+    that holds max_tokens (chat's `max_completion_tokens`, where it is set)."""
     limit = config.max_new_tokens_limit
-    max_tokens = _int(body, "max_tokens", config.max_new_tokens, lambda v: 1 <= v <= limit, f"in 1..{limit}")
+    max_tokens = _int(body, max_tokens_key, config.max_new_tokens, lambda v: 1 <= v <= limit, f"in 1..{limit}")
     ignore_eos = body.get("ignore_eos", False)
     if not isinstance(ignore_eos, bool):
         raise InvalidRequest("'ignore_eos' must be true or false", param="ignore_eos")

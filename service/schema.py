@@ -12,6 +12,11 @@ from service.config import Config
 from service.errors import InvalidJson, InvalidRequest, TooManyPrompts
 from service.params import parse_n, parse_sampling
 
+# What parses below Python's recursion limit can still be too deep for what reads it later (a
+# schema's validator, the grammar compiler, recursive code): a body nests at most this much,
+# room for a JSON schema some 45 properties deep inside `response_format`.
+MAX_JSON_DEPTH = 100
+
 
 @dataclass(frozen=True)
 class GenerateRequest:
@@ -31,13 +36,30 @@ def flag(body: dict, key: str) -> bool:
 
 
 def json_body(request: Request) -> dict:
+    too_deep = InvalidJson(f"request body is not valid JSON: nested deeper than {MAX_JSON_DEPTH} levels")
     try:
         body = request.get_json(force=True)  # the body is JSON whatever the Content-Type says
     except BadRequest as exc:
         raise InvalidJson("request body is not valid JSON") from exc
+    except RecursionError as exc:  # Python's parser recurses once per level: ~1,000 deep ends here
+        raise too_deep from exc
+    if _deeper_than(body, MAX_JSON_DEPTH):
+        raise too_deep
     if not isinstance(body, dict):
         raise InvalidRequest("request body must be a JSON object")
     return body
+
+
+def _deeper_than(value, limit: int) -> bool:
+    """Whether objects and arrays nest more than `limit` levels; iterative, so it cannot recurse."""
+    stack = [(value, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            if depth > limit:
+                return True
+            stack.extend((child, depth + 1) for child in (value.values() if isinstance(value, dict) else value))
+    return False
 
 
 def check_prompts(prompts: list, config: Config, key: str) -> list[str]:

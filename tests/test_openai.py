@@ -96,7 +96,7 @@ def test_a_string_prompt_completes_as_on_the_demo_route_with_usage(server, sdk, 
 @BASES
 def test_a_list_of_prompts_gives_one_choice_per_prompt_in_order(server, sdk, base):
     prompts = [PARIS, "def fibonacci(n):", "Once upon a time"]
-    reply = sdk.completions.create(model=MODEL, prompt=prompts, max_tokens=6, temperature=0, user="u1", suffix="x")
+    reply = sdk.completions.create(model=MODEL, prompt=prompts, max_tokens=6, temperature=0, user="u1")
     assert [c.index for c in reply.choices] == [0, 1, 2]
     assert [c.text for c in reply.choices] == demo_texts(server, base, prompts, 6)
     assert reply.usage.completion_tokens == 3 * 6
