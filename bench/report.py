@@ -63,11 +63,11 @@ def speed_rows(res: dict, method: str) -> list[dict]:
     """One grid table: per N, each path's median [min-max] seconds (* = fewer repeats) and prompts/s."""
     rows, full = [], res["config"]["repeats"]
     spread = lambda c: f"{c['median']:.2f} [{c['min']:.2f}-{c['max']:.2f}]" + "*" * (c["repeats"] < full)  # noqa: E731
-    for n in res["config"]["n"]:
+    for n in sorted({c["n"] for c in res["cells"]}):
         trio = {"basic": cell(res, "basic", "sequential", n), "static": cell(res, "static", method, n)}
         row, trio["vLLM"] = {"N": n}, cell(res, "vllm", method, n)
-        row.update({f"{name} (s)": c and spread(c) for name, c in trio.items()})
-        row.update({f"{name} req/s": c and round(n / c["median"], 1) for name, c in trio.items()})
+        row.update({f"{name} (s)": spread(c) if c else None for name, c in trio.items()})
+        row.update({f"{name} req/s": round(n / c["median"], 1) if c else None for name, c in trio.items()})
         ratio = _div(trio["static"].get("median"), trio["vLLM"].get("median"))
         rows.append({**row, "vLLM/static": ratio and f"{ratio:.2f}x"})
     return rows
