@@ -1,9 +1,7 @@
-"""Timed HTTP calls against the service: one timing helper, the grid's three methods, the time to
-first token."""
+"""Timed HTTP calls against the service: the one timing helper, the grid's three methods, a
+request kept running while something else is timed, and the time to first token."""
 
-from __future__ import annotations
-
-import math
+import contextlib
 import statistics
 import threading
 import time
@@ -15,8 +13,9 @@ import requests
 
 # Every prompt generates exactly max_tokens on every path (as vLLM's own benchmarks do), so that
 # a prompt the model happens to end early does not make one path look faster than another.
-SAME_WORK = {"ignore_eos": True, "details": True}
+SAME_WORK = {"ignore_eos": True}
 TIMEOUT_S = 600
+PATHS = {"static": "/generate", "vllm": "/generate_vllm"}  # their streams: the same + "_stream"
 TOPICS = "the sea|mountains|coffee|bicycles|libraries|rain|the moon|bread|trains|music|gardens|winter|robots|rivers"
 TOPICS = f"{TOPICS}|chess|bees".split("|")
 TEMPLATES = ("Write one sentence about {}.", "Give a fun fact about {}.", "Explain {} to a child.")
@@ -45,91 +44,82 @@ def timed_post(url: str, path: str, body: dict, *, stream: bool = False) -> tupl
 @dataclass
 class Run:
     seconds: float
-    details: list[dict]
+    details: list[dict]  # per prompt, in order: round, queue_ms, inference_ms, tokens, ...
 
     @property
     def rounds(self) -> int:  # distinct `round` values in the details (vLLM: admission steps)
         return len({d["round"] for d in self.details})
 
-    @property
-    def latencies_ms(self) -> list[float]:  # per prompt: queue_ms + inference_ms
-        return [d["queue_ms"] + d["inference_ms"] for d in self.details]
 
-
-def _post(url: str, path: str, body: dict) -> Run:
-    seconds, resp = timed_post(url, path, {**body, **SAME_WORK})
+def post(url: str, path: str, body: dict) -> Run:
+    seconds, resp = timed_post(url, path, {**body, "details": True})
     return Run(seconds, resp.json()["details"])
 
 
-def one_request(url: str, path: str, prompts: list[str], max_tokens: int) -> Run:
-    """One request carrying every prompt."""
-    run = _post(url, path, {"prompts": prompts, "max_tokens": max_tokens})
-    if len(run.details) != len(prompts):
-        raise RuntimeError(f"{path}: {len(run.details)} completions for {len(prompts)} prompts")
-    return run
+def wave(url: str, path: str, bodies: list[dict]) -> Run:
+    """One request per body, all in flight at once (threads released together); seconds until the
+    last answer, and the details in the bodies' order."""
+    gate = threading.Barrier(len(bodies) + 1)
 
-
-def concurrent(url: str, path: str, prompts: list[str], max_tokens: int) -> Run:
-    """One single-prompt request per prompt, all in flight at once (threads released together)."""
-    gate = threading.Barrier(len(prompts) + 1)
-
-    def call(prompt: str) -> tuple[float, Run]:
+    def call(body: dict) -> tuple[float, Run]:
         gate.wait()
-        run = _post(url, path, {"prompts": [prompt], "max_tokens": max_tokens})
+        run = post(url, path, body)
         return time.perf_counter(), run
 
-    with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
-        futures = [pool.submit(call, p) for p in prompts]
+    with ThreadPoolExecutor(max_workers=len(bodies)) as pool:
+        futures = [pool.submit(call, body) for body in bodies]
         gate.wait(timeout=60)
         started = time.perf_counter()
         results = [f.result() for f in futures]
     return Run(max(end for end, _ in results) - started, [d for _, run in results for d in run.details])
 
 
-def sequential_basic(url: str, prompts: list[str], max_tokens: int) -> Run:
-    """/basic_generate, one prompt after the other: the no-batching baseline."""
-    runs = [_post(url, "/basic_generate", {"prompt": p, "max_tokens": max_tokens}) for p in prompts]
+def grid_run(url: str, engine: str, method: str, prompts: list[str], max_tokens: int) -> Run:
+    """One measurement of the grid: "one" request carrying every prompt, "concurrent" single-prompt
+    requests all in flight at once, or ("basic") /basic_generate calls one after the other."""
+    same = {"max_tokens": max_tokens, **SAME_WORK}
+    if method == "one":
+        return post(url, PATHS[engine], {"prompts": prompts, **same})
+    if method == "concurrent":
+        return wave(url, PATHS[engine], [{"prompts": [p], **same} for p in prompts])
+    runs = [post(url, "/basic_generate", {"prompt": p, **same}) for p in prompts]
     return Run(sum(r.seconds for r in runs), [d for r in runs for d in r.details])
 
 
-def summarize(runs: list[float]) -> dict:
-    return {"runs": runs, "median": statistics.median(runs), "min": min(runs), "max": max(runs)}
-
-
-def cell(path: str, method: str, n: int, repeats: int, fn: Callable[[], Run]) -> dict:
+def cell(engine: str, method: str, n: int, repeats: int, fn: Callable[[], Run]) -> dict:
     """Repeat one measurement; the cell's median and spread (min-max) over the repeats."""
     runs = [fn() for _ in range(repeats)]
-    out = {"path": path, "method": method, "n": n, "repeats": repeats, **summarize([r.seconds for r in runs])}
-    out["rounds"] = [r.rounds for r in runs]
-    print(f"  N={n:<3} {path:>6} {method:<10} {out['median']:8.3f} s  [{out['min']:.3f}-{out['max']:.3f}]", flush=True)
+    seconds = [r.seconds for r in runs]
+    out = dict(path=engine, method=method, n=n, repeats=repeats, runs=seconds, median=statistics.median(seconds))
+    out.update(min=min(seconds), max=max(seconds), rounds=[r.rounds for r in runs])
+    print(f"  N={n:<3} {engine:>6} {method:<10} {out['median']:8.3f} s (of {len(runs)})", flush=True)
     return out
 
 
-def percentile(values: list[float], pct: float) -> float:
-    """Nearest rank."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(pct / 100 * len(ordered)) - 1)]
-
-
-TTFT = {"static": ("/generate_stream", "/generate"), "vllm": ("/generate_vllm_stream", "/generate_vllm")}
+@contextlib.contextmanager
+def while_running(srv, engine: str, prompts: list[str], max_tokens: int):
+    """A request of `prompts` running on `engine`, none of them still queued, during the `with`."""
+    body = {"prompts": prompts, "max_tokens": max_tokens, **SAME_WORK}
+    worker = threading.Thread(target=timed_post, args=(srv.url, PATHS[engine], body))
+    worker.start()
+    try:
+        running = lambda h: h.get("engines", {}).get(engine, {}).get("running") == len(prompts)  # noqa: E731
+        srv.wait_for(running, 60, f"{len(prompts)} {engine} prompts running", every_s=0.01)
+        yield
+    finally:
+        worker.join()
 
 
 def ttft(srv, engine: str, repeats: int) -> dict:
-    """Seconds to a one-prompt stream's first token (median), alone and arriving while a round
-    of four 20-token prompts runs: the static one waits for that round, vLLM's joins it."""
-    stream_path, batch_path = TTFT[engine]
-    first = lambda: timed_post(srv.url, stream_path, {"prompt": "The capital of France is"}, stream=True)[0]  # noqa: E731
-    running = lambda h: (e := h["engines"][engine])["queued"] == 0 and e.get("inflight", e.get("running")) == 4  # noqa: E731
+    """Milliseconds to a one-prompt stream's first token (median), alone and arriving while a
+    round of four 20-token prompts runs: the static one waits for that round, vLLM's joins it."""
+    stream = PATHS[engine] + "_stream"
+    first = lambda: timed_post(srv.url, stream, {"prompt": "The capital of France is"}, stream=True)[0]  # noqa: E731
 
     def behind_a_round() -> float:
-        body = {"prompts": [f"Tell me about topic {i}" for i in range(4)], "max_tokens": 20}
-        worker = threading.Thread(target=timed_post, args=(srv.url, batch_path, body))
-        worker.start()
-        srv.wait_for(running, 60, f"four {engine} prompts running, not queued", every_s=0.01)
-        seconds = first()
-        worker.join()
-        return seconds
+        with while_running(srv, engine, [f"Tell me about topic {i}" for i in range(4)], 20):
+            return first()
 
     first()  # warm-up
-    alone = statistics.median(first() for _ in range(repeats))
-    return {"alone_s": alone, "behind_round_s": statistics.median(behind_a_round() for _ in range(repeats))}
+    alone, behind = (round(1000 * statistics.median(fn() for _ in range(repeats))) for fn in (first, behind_a_round))
+    return {"engine": engine, "alone (ms)": alone, "behind a running round of 4 (ms)": behind}

@@ -1,8 +1,6 @@
 """The real service under gunicorn on a free loopback port: one launcher and one /health poller,
 for bench/ and the tests."""
 
-from __future__ import annotations
-
 import os
 import signal
 import socket
@@ -18,29 +16,30 @@ ROOT = Path(__file__).resolve().parent.parent
 SETTLED = {"ready", "failed", "disabled", "stopped"}  # vLLM states that waiting will not change
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class Server:
     """`gunicorn -c gunicorn.conf.py wsgi:app` in its own session, its output appended to
-    `log_path`, with `env` on top of ours; or, given `url`, a service someone else runs."""
+    `log_path`, with `env` on top of ours. A context manager that stops it."""
 
-    def __init__(self, log_path: Path | None = None, env: dict[str, str] | None = None, *, url: str | None = None):
-        self.log_path, self.proc, self.started = log_path, None, time.monotonic()
-        self.url = url.rstrip("/") if url else f"http://127.0.0.1:{free_port()}"
-        if url is None:
-            with open(log_path, "ab") as log:  # the child keeps its own copy of the descriptor
-                self.proc = subprocess.Popen(
-                    [str(Path(sys.executable).with_name("gunicorn")), "-c", "gunicorn.conf.py", "wsgi:app"],
-                    cwd=ROOT,
-                    env={**os.environ, "HOST": "127.0.0.1", "PORT": self.url.rsplit(":", 1)[1], **(env or {})},
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
+    def __init__(self, log_path: Path, env: dict[str, str] | None = None):
+        self.log_path, self.started = log_path, time.monotonic()
+        with socket.socket() as sock:  # a free port, released for gunicorn to bind
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        self.url, env = (
+            f"http://127.0.0.1:{port}",
+            {**os.environ, "HOST": "127.0.0.1", "PORT": str(port), **(env or {})},
+        )
+        cmd = [str(Path(sys.executable).with_name("gunicorn")), "-c", "gunicorn.conf.py", "wsgi:app"]
+        with open(log_path, "ab") as log:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen(
+                cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
     def health(self) -> dict:
         try:
@@ -52,20 +51,18 @@ class Server:
         return self.health().get("engines", {}).get(name, {})
 
     def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def wait_for(self, done: Callable[[dict], bool], timeout_s: float, what: str, every_s: float = 0.2) -> dict:
-        """Poll /health until `done(body)`; the body. Raises if the service exits or at the deadline
-        (a poll with a deadline: no event crosses the process boundary)."""
+        """Poll /health until `done(body)`; the body; raises if the service exits or at the deadline."""
         deadline = time.monotonic() + timeout_s
-        while True:
-            if self.proc is not None and self.proc.poll() is not None:
+        while not done(health := self.health()):
+            if self.proc.poll() is not None:
                 raise RuntimeError(f"service exited with code {self.proc.returncode}:\n{self.log_text()[-3000:]}")
-            if done(health := self.health()):
-                return health
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{what}: not after {timeout_s:g}s:\n{self.log_text()[-3000:]}")
             time.sleep(every_s)
+        return health
 
     def wait_ready(self, timeout_s: float) -> dict:
         """Until the static engine is ready and vLLM has settled; the last body. A vLLM still
@@ -86,11 +83,11 @@ class Server:
 
     def stop(self, timeout_s: float = 60.0) -> int | None:
         """SIGTERM (gunicorn's graceful stop); SIGKILL to the whole group if it lingers."""
-        if self.proc is not None and self.proc.poll() is None:
+        if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
-        return self.proc and self.proc.returncode
+        return self.proc.returncode
