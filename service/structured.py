@@ -131,4 +131,16 @@ def _schema(schema, field: str) -> str:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as exc:
         raise InvalidRequest(f"'{field}': not a valid JSON Schema: {exc.message}", param=field) from exc
+    # xgrammar compiles some keywords without enforcing them (multipleOf, uniqueItems, contains,
+    # some string formats, ...): vLLM refuses such a schema, and the static engine would drop
+    # them silently. vLLM's own rule, so both engines refuse the same schemas (imported here, not
+    # at the top: vLLM is loaded by its engine thread, or on the first schema when it is off).
+    from vllm.v1.structured_output.backend_xgrammar import has_xgrammar_unsupported_json_features
+
+    if has_xgrammar_unsupported_json_features(schema):
+        raise InvalidRequest(
+            f"'{field}': the schema uses keywords that xgrammar does not enforce (multipleOf, uniqueItems,"
+            " contains, unsupported string formats, ...): refused on both engines, as vLLM refuses them",
+            param=field,
+        )
     return json.dumps(schema)

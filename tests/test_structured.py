@@ -287,11 +287,12 @@ def test_a_bad_spec_is_a_400_naming_the_field_and_leaves_nothing_behind(server, 
     assert ok.status_code == 200  # the engines run on
 
 
-def test_a_schema_feature_vllm_refuses_is_a_400_there_not_a_500(server):
-    """uniqueItems passes our parser (xgrammar alone ignores it) but vLLM's own request check
-    refuses it: that refusal is the client's to fix, a 400 naming the field, and nothing stays."""
+@BASES
+def test_a_schema_keyword_xgrammar_does_not_enforce_is_a_400_on_both_engines(server, base):
+    """uniqueItems compiles in xgrammar without being enforced: vLLM's request check refuses it
+    (a 500 here once), and the static engine would drop it silently. A 400 on both, nothing stays."""
     schema = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
-    r = openai_post(server, "/v1", "/completions", {"prompt": "Hi", "structured_outputs": {"json": schema}})
+    r = openai_post(server, base, "/completions", {"prompt": "Hi", "structured_outputs": {"json": schema}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "structured_outputs", r.text
     assert "xgrammar" in r.json()["error"]["message"]
     assert nothing_left(server)
