@@ -22,6 +22,7 @@ import dataclasses
 import json
 import logging
 import os
+import runpy
 import shutil
 import subprocess
 import sys
@@ -71,7 +72,8 @@ class Settings:
             port=port,
             replicas=replicas,
             run_dir=Path(os.environ.get("CLUSTER_DIR") or ROOT / ".cache" / "cluster" / str(port)).resolve(),
-            graceful_timeout_s=int(os.environ.get("GRACEFUL_TIMEOUT", "30")),
+            # gunicorn's own setting, as its config file reads it (the one place its default lives)
+            graceful_timeout_s=runpy.run_path(str(ROOT / "gunicorn.conf.py"))["graceful_timeout"],
             request_timeout_s=config.request_timeout_s,
             max_body_bytes=config.max_body_bytes,
             client_timeout_s=int(os.environ.get("CLIENT_TIMEOUT_S", "30")),
