@@ -54,14 +54,13 @@ def models(engine: str):
         "created": current_app.config["STARTED_AT"],
         "owned_by": "batching-service",
         "root": current_app.extensions["model_path"],
-        # the longest sequence a request can make: prompts keep their last MAX_INPUT_TOKENS
-        "max_model_len": config.max_input_tokens + config.max_new_tokens_limit,
+        "max_model_len": config.max_model_len,
         "structured_outputs": structured.SUPPORTED,  # the kinds both engines constrain decoding to
     }
     return jsonify({"object": "list", "data": [card]})
 
 
-def _check_model(body: dict) -> str:
+def check_model(body: dict) -> str:
     name = _config().model_name
     asked = body.get("model")
     if asked is not None and asked != name:
@@ -165,7 +164,7 @@ def _chunks(
 def completions(engine: str):
     body = schema.json_body(request)
     openai_fields.check(body, "completions")
-    model = _check_model(body)
+    model = check_model(body)
     prompt = body.get("prompt")
     prompts = [prompt] if isinstance(prompt, str) else prompt
     if not isinstance(prompts, list) or not prompts:
@@ -187,22 +186,22 @@ def _message_text(i: int, message) -> dict:
     return {"role": message["role"], "content": content}
 
 
-def render_chat(messages) -> str:
-    """The model's own chat template, the same rendering for both engines."""
+def render_chat(messages, *, add_generation_prompt: bool = True) -> str:
+    """The model's own chat template, the same rendering for both engines (and /tokenize)."""
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("'messages' must be a non-empty list", param="messages")
     messages = [_message_text(i, m) for i, m in enumerate(messages)]
     tokenizer = current_app.extensions["tokenizer"]()
     if not tokenizer.chat_template:
         raise InvalidRequest("this model has no chat template: use /completions with a prompt", param="messages")
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
 
 
 @bp.post("/chat/completions")
 def chat_completions(engine: str):
     body = schema.json_body(request)
     openai_fields.check(body, "chat")
-    model = _check_model(body)
+    model = check_model(body)
     prompt = render_chat(body.get("messages"))
     # the newer name wins, as on vLLM
     max_tokens_key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
