@@ -95,6 +95,8 @@ class EngineThread:
             return
         for seq in seqs:
             named = {"logit_bias": [t for t, _ in seq.params.logit_bias], "stop_token_ids": seq.params.stop_token_ids}
+            if not isinstance(seq.prompt, str):
+                named["prompt"] = seq.prompt
             for param, ids in named.items():
                 bad = [t for t in ids if t >= self.vocab_size]
                 if bad:

@@ -27,8 +27,9 @@ from transformers import (
 )
 
 from batcher import processors as per_row
+from batcher.prompt_logprobs import PromptLogprobs
 from batcher.rows import RoundRows
-from batcher.sequence import SamplingParams, Sequence
+from batcher.sequence import Prompt, SamplingParams, Sequence
 from batcher.settings import StaticSettings
 
 log = logging.getLogger(__name__)
@@ -115,11 +116,15 @@ class Runner:
         self.generate([seq], self.encode([seq.prompt]))
         return time.perf_counter() - started
 
-    def encode(self, prompts: list[str]) -> dict[str, torch.Tensor]:
-        """input_ids and attention_mask: [B, S], left-padded to the longest prompt."""
-        return self.tokenizer(
-            prompts, return_tensors="pt", padding=True, truncation=True, max_length=self.max_input_tokens
-        ).to(self.device)
+    def encode(self, prompts: list[Prompt]) -> dict[str, torch.Tensor]:
+        """input_ids and attention_mask: [B, S], left-padded to the longest prompt. Text is
+        tokenized, token ids are taken as they are; either keeps its last MAX_INPUT_TOKENS."""
+        texts = [p for p in prompts if isinstance(p, str)]
+        tokenized = iter(
+            self.tokenizer(texts, truncation=True, max_length=self.max_input_tokens)["input_ids"] if texts else []
+        )
+        ids = [next(tokenized) if isinstance(p, str) else list(p[-self.max_input_tokens :]) for p in prompts]
+        return self.tokenizer.pad({"input_ids": ids}, padding=True, return_tensors="pt").to(self.device)
 
     @torch.inference_mode()
     def generate(self, seqs: list[Sequence], inputs: dict[str, torch.Tensor]) -> list[str]:
@@ -146,14 +151,15 @@ class Runner:
         )
         if self.compile_config is not None:
             config.compile_config = self.compile_config
-        self.model.generate(
-            **inputs,
-            generation_config=config,
-            logits_processor=processors,
-            stopping_criteria=StoppingCriteriaList([rows]),
-            streamer=rows,
-            **extra,
-        )
+        with PromptLogprobs(seqs, inputs, self.tokenizer).hooked(self.model):  # read off the prefill
+            self.model.generate(
+                **inputs,
+                generation_config=config,
+                logits_processor=processors,
+                stopping_criteria=StoppingCriteriaList([rows]),
+                streamer=rows,
+                **extra,
+            )
         if cache_len is not None:  # compiled: this cache length's graph exists now
             self._graphs.add(cache_len)
         return [rows.finish(row) for row in range(real)]

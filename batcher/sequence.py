@@ -26,6 +26,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()  # end on one of these tokens (not returned), reason "stop"
     seed: int | None = None  # sampled rows draw from their own generator: reproducible per engine
     logprobs: int | None = None  # top alternatives per generated token; None: no logprobs at all
+    prompt_logprobs: int | None = None  # top alternatives per prompt token; None: none computed
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
@@ -49,18 +50,24 @@ LOGPROB_FLOOR = -9999.0  # vLLM's OpenAI server: the logprob it reports for an i
 
 @dataclass(frozen=True)
 class TokenLogprob:
-    """One generated token's log-probability under the model (before temperature, penalties and
-    filters, as vLLM reports by default) and the `logprobs` most likely tokens at that step,
-    most likely first, each as (token id, token text, logprob)."""
+    """One token's log-probability under the model (before temperature, penalties and filters,
+    as vLLM reports by default) and the `logprobs` most likely tokens at that step, most likely
+    first, each as (token id, token text, logprob). A generated token's, or a prompt token's
+    (`Sequence.prompt_logprobs`): the prompt's first token has no context to be predicted from,
+    so its `logprob` is None, as vLLM's. `rank`: the token's place in the step's distribution
+    (1: the most likely), where the engine reports it (prompt tokens)."""
 
     token_id: int
     token: str
-    logprob: float
+    logprob: float | None
     top: tuple[tuple[int, str, float], ...] = ()
+    rank: int | None = None
 
     def __post_init__(self) -> None:
         # A token a grammar forbids has logprob -inf, which JSON cannot carry (Flask would write
         # `-Infinity`); vLLM's own server writes -9999.0 for it, and so do both our engines.
+        if self.logprob is None:
+            return
         if self.logprob < LOGPROB_FLOOR or any(lp < LOGPROB_FLOOR for _, _, lp in self.top):
             object.__setattr__(self, "logprob", max(self.logprob, LOGPROB_FLOOR))
             object.__setattr__(self, "top", tuple((t, s, max(lp, LOGPROB_FLOOR)) for t, s, lp in self.top))
@@ -90,6 +97,10 @@ class Piece(str):
         return piece
 
 
+# A prompt: text, or token ids (the tokenizer's own, as an evaluation harness sends them).
+# Either way the engine truncates it to its last MAX_INPUT_TOKENS tokens.
+Prompt = str | tuple[int, ...]
+
 _ids = itertools.count(1)
 
 
@@ -107,6 +118,8 @@ class Sequence:
       `add_text` -> `finish` or `fail`; the last sets `finished_at`, puts the end marker and
       sets `done`. The request thread reads the result once `done` is set (or once it took the
       end marker `(self, None)` from `pieces`, which comes after every write).
+    - with `params.prompt_logprobs`, the engine writes `prompt_logprobs` (one record per prompt
+      token, as the engine truncated it) before the sequence's first token.
     - `start` writes the round's details (`round`, `batch_size`, `batch_shape`, `started_at`)
       and then sets `entered`: those may be read from then on.
     - while the sequence runs, a streamed request reads only what each piece carries: the text,
@@ -117,7 +130,7 @@ class Sequence:
     `status` is not stored: it follows from these events.
     """
 
-    prompt: str
+    prompt: Prompt
     params: SamplingParams = field(default_factory=SamplingParams)
     # where a streamed sequence puts (self, Piece) for each piece and (self, None) at its end; the
     # sequences of one streamed request share one queue, so their pieces arrive in step order
@@ -130,6 +143,7 @@ class Sequence:
     finish_reason: str | None = None  # "length" | "stop" | "cancelled"
     # one per generated token whose text is returned (params.logprobs set)
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob] | None = None  # params.prompt_logprobs set: one per prompt token
     error: BaseException | None = None
     # batching details, filled in by the engine that ran it
     round: int | str | None = None

@@ -1,11 +1,20 @@
-"""Our request, in vLLM's words, and vLLM's answer in ours: a `Sequence`'s parameters as vLLM's
-`SamplingParams`, and the logprobs of a step's output as our `TokenLogprob` records."""
+"""Our request, in vLLM's words, and vLLM's answer in ours: a `Sequence`'s prompt and parameters
+as vLLM's prompt and `SamplingParams`, and the logprobs of a step's output (and of the prompt)
+as our `TokenLogprob` records."""
 
 from __future__ import annotations
 
 from batcher.errors import EngineError, InvalidParams, RoundFailed
 from batcher.grammar import vllm_params
 from batcher.sequence import Sequence, TokenLogprob
+
+
+def engine_prompt(seq: Sequence, max_input_tokens: int):
+    """Text as it is (vLLM tokenizes and truncates it, told so in add_request), token ids as a
+    `TokensPrompt`, truncated here to their last `max_input_tokens`, as on the static path."""
+    if isinstance(seq.prompt, str):
+        return seq.prompt
+    return {"prompt_token_ids": list(seq.prompt[-max_input_tokens:])}
 
 
 def sampling_params(seq: Sequence):
@@ -28,6 +37,7 @@ def sampling_params(seq: Sequence):
         stop_token_ids=list(p.stop_token_ids),
         seed=p.seed,
         logprobs=p.logprobs,
+        prompt_logprobs=p.prompt_logprobs,
         ignore_eos=p.ignore_eos,
         structured_outputs=vllm_params(p.structured),
         output_kind=RequestOutputKind.DELTA,  # each step hands out only the new text
@@ -50,6 +60,23 @@ def logprob_records(seq: Sequence, completion, finished: bool) -> list[TokenLogp
         ranked = sorted((lp for lp in alternatives.items() if lp[1].rank <= k), key=lambda lp: lp[1].rank)
         top = tuple((tid, lp.decoded_token or "", lp.logprob) for tid, lp in ranked[:k])
         records.append(TokenLogprob(token, chosen.decoded_token or "", chosen.logprob, top))
+    return records
+
+
+def prompt_logprob_records(seq: Sequence, prompt_ids, prompt_logprobs, tokenizer) -> list[TokenLogprob]:
+    """vLLM's `RequestOutput.prompt_logprobs` (None for the first token, then per token a
+    {token id: Logprob} dict of the prompt's token and the top k by rank) as our records; the
+    first token's text is decoded as vLLM's server decodes it for `echo`."""
+    k = seq.params.prompt_logprobs
+    records = []
+    for token, alternatives in zip(prompt_ids, prompt_logprobs, strict=True):
+        if alternatives is None:  # the first token: vLLM names no text; ours, as the static path's
+            records.append(TokenLogprob(token, tokenizer.decode([token]), None))
+            continue
+        chosen = alternatives[token]
+        ranked = sorted((lp for lp in alternatives.items() if lp[1].rank <= k), key=lambda lp: lp[1].rank)
+        top = tuple((tid, lp.decoded_token or "", lp.logprob) for tid, lp in ranked[:k])
+        records.append(TokenLogprob(token, chosen.decoded_token or "", chosen.logprob, top, chosen.rank))
     return records
 
 

@@ -26,7 +26,7 @@ from batcher.grammar import vllm_config
 from batcher.metrics import Metrics
 from batcher.sequence import Sequence
 from batcher.settings import VLLMSettings
-from batcher.vllm_translate import logprob_records, refusal, sampling_params
+from batcher.vllm_translate import engine_prompt, logprob_records, prompt_logprob_records, refusal, sampling_params
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ class VLLMWorker(EngineThread):
             try:
                 self.engine.add_request(
                     seq.id,
-                    seq.prompt,
+                    engine_prompt(seq, self.settings.max_input_tokens),
                     sampling_params(seq),
                     # an over-long prompt keeps its end, as on the static path
                     tokenization_kwargs={
@@ -182,6 +182,10 @@ class VLLMWorker(EngineThread):
             completion = out.outputs[0]
             if seq.prompt_tokens is None and out.prompt_token_ids is not None:
                 seq.prompt_tokens = len(out.prompt_token_ids)
+            if out.prompt_logprobs and seq.prompt_logprobs is None:  # all of them, at the end of the prefill
+                seq.prompt_logprobs = prompt_logprob_records(
+                    seq, out.prompt_token_ids, out.prompt_logprobs, self.engine.get_tokenizer()
+                )
             seq.add_tokens(completion.token_ids, logprob_records(seq, completion, out.finished))
             seq.add_text(completion.text)
             self.metrics.generated_tokens.labels(self.name).inc(len(completion.token_ids))

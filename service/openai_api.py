@@ -8,6 +8,7 @@ and `params`, run by `generation.complete()` or `generation.Pieces`, as the demo
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,11 +17,12 @@ from flask import Blueprint, Flask, current_app, jsonify, request
 from werkzeug.exceptions import NotFound
 
 from batcher.errors import EngineError
-from batcher.sequence import Piece, Sequence
-from service import auth, errors, generation, openai_fields, schema, sse, structured
+from batcher.sequence import Piece, Prompt, Sequence
+from service import auth, echo, errors, generation, openai_fields, schema, sse, structured
+from service.echo import Echo
 from service.errors import ApiError, InvalidRequest, ModelNotFound
 from service.openai_replies import ChatShape, TextShape, usage
-from service.params import chat_logprobs, parse_n, parse_sampling
+from service.params import chat_logprobs, parse_n, parse_prompt_logprobs, parse_sampling
 
 bp = auth.protect(Blueprint("openai", __name__))
 errors.register_openai(bp)
@@ -86,12 +88,24 @@ def _stream_options(body: dict) -> tuple[bool, bool, bool]:
     return stream, include_usage, continuous
 
 
-def _respond(shape, engine: str, model: str, prompts: list[str], body: dict, max_tokens_key: str = "max_tokens"):
+def _respond(
+    shape,
+    engine: str,
+    model: str,
+    prompts: list[Prompt],
+    body: dict,
+    max_tokens_key: str = "max_tokens",
+    echoed: Echo | None = None,
+):
     """Run the prompts (n times each) and answer as one JSON object, or as server-sent chunks
-    with `stream`. Choices are grouped per prompt: prompt p's i-th completion has index p*n + i."""
+    with `stream`. Choices are grouped per prompt: prompt p's i-th completion has index p*n + i.
+    `echoed`: what the request's `echo` puts before each choice."""
     stream, include_usage, continuous = _stream_options(body)
     config = _config()
     params = parse_sampling(body, config, default_temperature=1.0, max_tokens_key=max_tokens_key)  # OpenAI's
+    echo_asks = echoed.prompt_logprobs(params.logprobs) if echoed is not None else None
+    prompt_logprobs = parse_prompt_logprobs(body, echo_asks, stream=stream)
+    params = dataclasses.replace(params, prompt_logprobs=prompt_logprobs)
     n = parse_n(body, config)
     want = params.logprobs is not None
     eng = generation.engine(engine)
@@ -99,25 +113,40 @@ def _respond(shape, engine: str, model: str, prompts: list[str], body: dict, max
     if stream:
         pieces = generation.Pieces(eng, prompts, params, n)
         usage_in = (include_usage, continuous)
-        chunks = _chunks(pieces, shape, {**head, "object": shape.chunk_object}, n, usage_in, want)
+        chunks = _chunks(pieces, shape, {**head, "object": shape.chunk_object}, n, usage_in, want, echoed)
         return sse.response(chunks)
     seqs = generation.complete(eng, prompts, params, n)
-    choices = [shape.choice(i, seq, seq.logprobs if want else None) for i, seq in enumerate(seqs)]
-    return jsonify({**head, "object": shape.object, "choices": choices, "usage": usage(seqs, n)})
+    choices = []
+    for i, seq in enumerate(seqs):
+        text, records = seq.text, seq.logprobs
+        if echoed is not None:
+            text, records = echoed.text(i // n, text), echoed.logprobs(seq, records)
+        choices.append(shape.choice(i, seq, text, records if want else None))
+    reply = {**head, "object": shape.object, "choices": choices, "usage": usage(seqs, n), **shape.extras(seqs)}
+    return jsonify(reply)
 
 
 def _chunks(
-    pieces: generation.Pieces, shape, head: dict, n: int, usage_in: tuple[bool, bool], want: bool
+    pieces: generation.Pieces,
+    shape,
+    head: dict,
+    n: int,
+    usage_in: tuple[bool, bool],
+    want: bool,
+    echoed: Echo | None = None,
 ) -> Iterator[str]:
     """One chunk per piece of text, a last one per choice with its finish_reason, the usage chunk
     if asked, then [DONE]; an error after the first byte is an error event, then [DONE].
     With logprobs, each chunk carries those of the tokens generated since the choice's last one.
     `usage_in`: (a usage chunk at the end, usage in every chunk too: that choice's prompt and
-    its tokens so far, as vLLM's `continuous_usage_stats`)."""
+    its tokens so far, as vLLM's `continuous_usage_stats`). `echoed`: each choice's first chunk
+    starts with its echo (and its prompt's records), as vLLM's; with `echoed.only` the generated
+    token is not sent."""
     include_usage, continuous = usage_in
     index = {seq.id: i for i, seq in enumerate(pieces.seqs)}
     sent_records = dict.fromkeys(index, 0)
     sent_chars = dict.fromkeys(index, 0)
+    to_echo = set(index) if echoed is not None else set()
 
     def event(choice: dict, prompt_tokens: int | None, generated: int) -> str:
         if not continuous:
@@ -126,15 +155,25 @@ def _chunks(
         counts["total_tokens"] = (prompt_tokens or 0) + generated
         return sse.event({**head, "choices": [choice], "usage": counts})
 
-    def chunk(seq: Sequence, text: str, finish_reason: str | None = None) -> str:
+    def chunk(seq: Sequence, text: str, finish_reason: str | None = None) -> str | None:
         records = None
         if want:  # a piece carries its tokens' records; at the end (the sequence done), the rest
             records = list(text.logprobs) if isinstance(text, Piece) else seq.logprobs[sent_records[seq.id] :]
             sent_records[seq.id] += len(records)
-        choice = shape.delta(index[seq.id], text, records, sent_chars[seq.id], finish_reason)
-        sent_chars[seq.id] += len(text)
         # a piece carries its count; at the end the sequence is done and its own count is final
         generated = text.generated if isinstance(text, Piece) else len(seq.token_ids)
+        text = str(text)
+        if echoed is not None:
+            if seq.id in to_echo:
+                to_echo.discard(seq.id)
+                text = echoed.text(index[seq.id] // n, text)
+                records = echoed.logprobs(seq, records) if want else None
+            elif echoed.only:
+                if finish_reason is None:
+                    return None
+                text, records = "", [] if want else None
+        choice = shape.delta(index[seq.id], text, records, sent_chars[seq.id], finish_reason)
+        sent_chars[seq.id] += len(text)
         return event(choice, seq.prompt_tokens, generated)
 
     try:
@@ -145,11 +184,13 @@ def _chunks(
                     yield event(choice, seq.prompt_tokens, 0)
                 opened = True
             if text is not None:
-                yield chunk(seq, text)
+                out = chunk(seq, text)
             elif seq.error is not None:
                 raise seq.error
             else:
-                yield chunk(seq, "", seq.finish_reason)
+                out = chunk(seq, "", seq.finish_reason)
+            if out is not None:
+                yield out
         if include_usage:
             yield sse.event({**head, "choices": [], "usage": usage(pieces.seqs, n)})
         yield DONE
@@ -165,12 +206,16 @@ def completions(engine: str):
     body = schema.json_body(request)
     openai_fields.check(body, "completions")
     model = check_model(body)
-    prompt = body.get("prompt")
-    prompts = [prompt] if isinstance(prompt, str) else prompt
-    if not isinstance(prompts, list) or not prompts:
-        raise InvalidRequest("'prompt' must be a string or a non-empty list of strings", param="prompt")
-    schema.check_prompts(prompts, _config(), "prompt")
-    return _respond(TextShape, engine, model, prompts, body)
+    config = _config()
+    prompts = schema.completion_prompts(body.get("prompt"), config)
+    echoed = None
+    if schema.flag(body, "echo"):
+        only = body.get("max_tokens") == 0 and not isinstance(body.get("max_tokens"), bool)
+        if only:  # vLLM: the engine makes one token, and the reply holds the prompt alone
+            body = {**body, "max_tokens": 1}
+        tokenizer = current_app.extensions["tokenizer"]()
+        echoed = echo.for_completions(prompts, only, config.max_input_tokens, tokenizer)
+    return _respond(TextShape, engine, model, prompts, body, echoed=echoed)
 
 
 def _message_text(i: int, message) -> dict:
@@ -186,11 +231,15 @@ def _message_text(i: int, message) -> dict:
     return {"role": message["role"], "content": content}
 
 
-def render_chat(messages, *, add_generation_prompt: bool = True) -> str:
-    """The model's own chat template, the same rendering for both engines (and /tokenize)."""
+def chat_messages(messages) -> list[dict]:
+    """The messages as the chat template reads them: role and text content."""
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("'messages' must be a non-empty list", param="messages")
-    messages = [_message_text(i, m) for i, m in enumerate(messages)]
+    return [_message_text(i, m) for i, m in enumerate(messages)]
+
+
+def render_chat(messages: list[dict], *, add_generation_prompt: bool = True) -> str:
+    """The model's own chat template, the same rendering for both engines (and /tokenize)."""
     tokenizer = current_app.extensions["tokenizer"]()
     if not tokenizer.chat_template:
         raise InvalidRequest("this model has no chat template: use /completions with a prompt", param="messages")
@@ -202,11 +251,14 @@ def chat_completions(engine: str):
     body = schema.json_body(request)
     openai_fields.check(body, "chat")
     model = check_model(body)
-    prompt = render_chat(body.get("messages"))
+    messages = chat_messages(body.get("messages"))
+    prompt = render_chat(messages)
     # the newer name wins, as on vLLM
     max_tokens_key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    top_logprobs = body.get("top_logprobs")
     body = chat_logprobs(body)  # logprobs: true + top_logprobs: k, as the one field the engines read
-    return _respond(ChatShape, engine, model, [prompt], body, max_tokens_key)
+    echoed = echo.for_chat(messages, top_logprobs) if schema.flag(body, "echo") else None
+    return _respond(ChatShape, engine, model, [prompt], body, max_tokens_key, echoed=echoed)
 
 
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]

@@ -82,7 +82,7 @@ SHARED: dict[str, Rule] = {
     "truncation_side": refused("left", why="prompts keep their last tokens"),
     "allowed_token_ids": refused(why=NOT_YET),
     "bad_words": refused([], why=NOT_YET),
-    "prompt_logprobs": refused(why=NOT_YET),
+    "prompt_logprobs": HONOURED,
     "logprob_token_ids": refused(why=NOT_YET),
     "prompt_embeds": refused(why="prompts are text"),
     "add_special_tokens": refused(why="prompts are tokenized with the tokenizer's defaults"),
@@ -118,8 +118,8 @@ SHARED: dict[str, Rule] = {
 
 COMPLETIONS: dict[str, Rule] = {
     **SHARED,
-    "prompt": HONOURED,
-    "echo": refused(False, why=NOT_YET),
+    "prompt": HONOURED,  # a string, strings, token ids or lists of them
+    "echo": HONOURED,
     "max_completion_tokens": refused(why="a chat field: /completions takes 'max_tokens'"),
     "messages": refused(why="a chat field: /completions takes 'prompt'"),
 }
@@ -129,7 +129,7 @@ CHAT: dict[str, Rule] = {
     "messages": HONOURED,
     "max_completion_tokens": HONOURED,  # wins over max_tokens, as on vLLM
     "top_logprobs": HONOURED,
-    "echo": refused(False, why=NOT_YET),  # vLLM's: the reply starts with the last message's text
+    "echo": HONOURED,  # vLLM's: the reply starts with the last (assistant) message's text
     "add_generation_prompt": refused(True, why="the generation prompt is always added"),
     "continue_final_message": refused(False, why=NOT_YET),
     "documents": refused(why="the chat template is rendered with the messages alone"),

@@ -1,5 +1,6 @@
 """OpenAI's reply shapes, one class per API (`TextShape` for /completions, `ChatShape` for
-/chat/completions: whole replies, stream chunks and logprobs), and the `usage` they share."""
+/chat/completions: whole replies, stream chunks and logprobs), and what they share: `usage`, and
+vLLM's `prompt_logprobs` (per choice on /completions, once per reply on chat, as vLLM puts them)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,21 @@ def usage(seqs: list[Sequence], n: int) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated}
 
 
+def prompt_logprobs(records: list[TokenLogprob] | None) -> list[dict | None] | None:
+    """vLLM's shape: per prompt token, null for the first, then {token id: {logprob, rank,
+    decoded_token}} of the prompt's token and its top alternatives (by rank), the token first."""
+    if records is None:
+        return None
+
+    def entry(r: TokenLogprob) -> dict:
+        tokens = {str(r.token_id): {"logprob": r.logprob, "rank": r.rank, "decoded_token": r.token}}
+        for rank, (tid, text, lp) in enumerate(r.top, 1):
+            tokens.setdefault(str(tid), {"logprob": lp, "rank": rank, "decoded_token": text})
+        return tokens
+
+    return [None if r.logprob is None else entry(r) for r in records]
+
+
 class TextShape:
     """/completions: one choice per prompt (n per prompt), `text` in the reply and in each chunk."""
 
@@ -30,13 +46,22 @@ class TextShape:
         return {
             "tokens": [r.token for r in records],
             "token_logprobs": [r.logprob for r in records],
-            "top_logprobs": [{text: lp for _, text, lp in r.top} for r in records],
+            # an echoed prompt's first token: no alternatives either, as vLLM's null
+            "top_logprobs": [None if r.logprob is None else {text: lp for _, text, lp in r.top} for r in records],
             "text_offset": offsets if records else [],
         }
 
     @classmethod
-    def choice(cls, index: int, seq: Sequence, records: list[TokenLogprob] | None) -> dict:
-        return {"index": index, "text": seq.text, "logprobs": cls.logprobs(records), "finish_reason": seq.finish_reason}
+    def choice(cls, index: int, seq: Sequence, text: str, records: list[TokenLogprob] | None) -> dict:
+        """`text` and `records`: the completion's, or with `echo` the prompt's and then its."""
+        choice = {"index": index, "text": text, "logprobs": cls.logprobs(records), "finish_reason": seq.finish_reason}
+        if seq.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = prompt_logprobs(seq.prompt_logprobs)
+        return choice
+
+    @staticmethod
+    def extras(seqs: list[Sequence]) -> dict:
+        return {}
 
     @staticmethod
     def opening(count: int) -> list[dict]:
@@ -65,10 +90,17 @@ class ChatShape:
         return {"content": content, "refusal": None}
 
     @classmethod
-    def choice(cls, index: int, seq: Sequence, records: list[TokenLogprob] | None) -> dict:
-        message = {"role": "assistant", "content": seq.text}
+    def choice(cls, index: int, seq: Sequence, text: str, records: list[TokenLogprob] | None) -> dict:
+        message = {"role": "assistant", "content": text}
         logprobs = cls.logprobs(records)
         return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": seq.finish_reason}
+
+    @staticmethod
+    def extras(seqs: list[Sequence]) -> dict:
+        """One prompt per chat request: its logprobs once, beside the choices."""
+        if seqs[0].prompt_logprobs is None:
+            return {}
+        return {"prompt_logprobs": prompt_logprobs(seqs[0].prompt_logprobs)}
 
     @staticmethod
     def opening(count: int) -> list[dict]:

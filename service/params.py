@@ -135,3 +135,13 @@ def chat_logprobs(body: dict) -> dict:
     if top is not None:
         _int(body, "top_logprobs", None, lambda v: 0 <= v <= MAX_LOGPROBS, f"in 0..{MAX_LOGPROBS}")
     return {**body, "logprobs": (top or 0) if wanted else None}
+
+
+def parse_prompt_logprobs(body: dict, default: int | None, *, stream: bool) -> int | None:
+    """vLLM's `prompt_logprobs`: top alternatives per prompt token, 0..MAX_LOGPROBS; without it,
+    `default` (what `echo` asks for). Not with `stream` (vLLM's rule: chunks carry no prompt
+    logprobs), but 0, which asks for no alternatives."""
+    value = _int(body, "prompt_logprobs", None, lambda v: 0 <= v <= MAX_LOGPROBS, f"in 0..{MAX_LOGPROBS}")
+    if value and stream:
+        raise InvalidRequest("'prompt_logprobs' are not available with 'stream': true", param="prompt_logprobs")
+    return default if value is None else value

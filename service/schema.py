@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from flask import Request, current_app, request
 from werkzeug.exceptions import BadRequest
 
-from batcher.sequence import SamplingParams
+from batcher.sequence import Prompt, SamplingParams
 from service.config import Config
 from service.errors import InvalidJson, InvalidRequest, TooManyPrompts
 from service.params import parse_n, parse_sampling
@@ -62,10 +62,14 @@ def _deeper_than(value, limit: int) -> bool:
     return False
 
 
-def check_prompts(prompts: list, config: Config, key: str) -> list[str]:
-    """Every prompt a non-empty string, at most MAX_PROMPTS_PER_REQUEST of them."""
+def _check_count(prompts: list, config: Config, key: str) -> None:
     if len(prompts) > config.max_prompts_per_request:
         raise TooManyPrompts(f"{len(prompts)} prompts; at most {config.max_prompts_per_request} per request", param=key)
+
+
+def check_prompts(prompts: list, config: Config, key: str) -> list[str]:
+    """Every prompt a non-empty string, at most MAX_PROMPTS_PER_REQUEST of them."""
+    _check_count(prompts, config, key)
     for i, prompt in enumerate(prompts):
         where = f"'{key}[{i}]'" if len(prompts) > 1 or key == "prompts" else f"'{key}'"
         if not isinstance(prompt, str):
@@ -73,6 +77,31 @@ def check_prompts(prompts: list, config: Config, key: str) -> list[str]:
         if not prompt.strip():
             raise InvalidRequest(f"{where} is empty", param=key)
     return prompts
+
+
+def _token_ids(value) -> bool:
+    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)
+
+
+def completion_prompts(value, config: Config) -> list[Prompt]:
+    """/completions' `prompt`, in any of the shapes OpenAI and vLLM take: a string, a list of
+    strings, a list of token ids, or a list of such lists. Token ids become tuples; whether they
+    are in the vocabulary only the engine knows (EngineThread._check_token_ids)."""
+    rule = "a string, a list of strings, a list of token ids, or a list of lists of token ids"
+    if isinstance(value, str):
+        return check_prompts([value], config, "prompt")
+    if not isinstance(value, list) or not value:
+        raise InvalidRequest(f"'prompt' must be {rule} (and not empty)", param="prompt")
+    if all(isinstance(p, str) for p in value):
+        return check_prompts(value, config, "prompt")
+    prompts = [value] if _token_ids(value) else value
+    if not all(_token_ids(p) for p in prompts):
+        raise InvalidRequest(f"'prompt' must be {rule}; token ids are integers >= 0", param="prompt")
+    _check_count(prompts, config, "prompt")
+    for i, ids in enumerate(prompts):
+        if not ids:
+            raise InvalidRequest(f"'prompt[{i}]' is an empty list of token ids", param="prompt")
+    return [tuple(ids) for ids in prompts]
 
 
 def parse(request: Request, config: Config, *, single: bool = False) -> GenerateRequest:

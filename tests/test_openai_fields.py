@@ -27,8 +27,6 @@ REFUSED = [
     ("completions", "suffix", "and so on"),
     ("completions", "best_of", 2),
     ("completions", "best_of", True),  # JSON true is not 1
-    ("completions", "echo", True),
-    ("completions", "prompt_logprobs", 1),
     ("completions", "use_beam_search", True),
     ("completions", "guided_json", {"type": "object"}),
     ("completions", "guided_regex", "[0-9]+"),
@@ -57,8 +55,6 @@ REFUSED = [
     ("chat", "reasoning_effort", "low"),
     ("chat", "web_search_options", {}),
     ("chat", "verbosity", "low"),
-    ("chat", "echo", True),
-    ("chat", "prompt_logprobs", 0),
     ("chat", "chat_template", "{{ messages }}"),
     ("chat", "chat_template_kwargs", {"enable_thinking": True}),
     ("chat", "continue_final_message", True),
