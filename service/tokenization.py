@@ -70,20 +70,11 @@ def detokenize(engine: str):
     body = schema.json_body(request)
     openai_fields.check(body, "detokenize")
     openai_api.check_model(body)
-    ids = token_ids(body.get("tokens"), "tokens", generation.engine(engine).vocab_size)
+    ids = body.get("tokens")
+    if not schema.is_token_ids(ids) or not ids:
+        raise InvalidRequest("'tokens' must be a non-empty list of token ids (integers >= 0)", param="tokens")
+    generation.engine(engine).check_token_ids(ids, "tokens")  # what a token-id prompt may name
     return jsonify({"prompt": _tokenizer().decode(ids)})
-
-
-def token_ids(value, param: str, vocab_size: int) -> list[int]:
-    """A non-empty list of ids the loaded model knows (0..vocab_size-1), or a 400 naming `param`."""
-    if not isinstance(value, list) or not value:
-        raise InvalidRequest(f"'{param}' must be a non-empty list of token ids", param=param)
-    for i, t in enumerate(value):
-        if not isinstance(t, int) or isinstance(t, bool):  # JSON true is not the id 1
-            raise InvalidRequest(f"'{param}[{i}]' must be an integer token id, got {t!r}", param=param)
-        if not 0 <= t < vocab_size:
-            raise InvalidRequest(f"'{param}[{i}]' is token id {t}, outside 0..{vocab_size - 1}", param=param)
-    return value
 
 
 def _flag(body: dict, key: str, *, default: bool) -> bool:
