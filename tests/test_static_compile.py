@@ -114,6 +114,27 @@ def test_a_short_round_is_padded_but_returns_only_its_own_rows(runner_fp32, comp
     assert (fast[0].text, reasons[0]) == run(runner_fp32, eager)[0]
 
 
+def test_prompt_logprobs_come_from_the_eager_prefill_and_compile_nothing_new(runner_fp32, compiled):
+    from torch._dynamo.utils import counters
+
+    def rows():
+        return [
+            Sequence(PROMPTS[0], SamplingParams(max_tokens=4, prompt_logprobs=2)),
+            Sequence(PROMPTS[3], SamplingParams(max_tokens=4)),
+        ]
+
+    run(compiled, [Sequence(PROMPTS[0], SamplingParams(max_tokens=4))])  # this round's graph exists
+    graphs = counters["stats"]["unique_graphs"]
+    eager, fast = rows(), rows()
+    assert run(runner_fp32, eager) == run(compiled, fast)
+    assert counters["stats"]["unique_graphs"] == graphs  # the decode step ran the graph it had
+    assert fast[1].prompt_logprobs is None
+    mine, theirs = fast[0].prompt_logprobs, eager[0].prompt_logprobs
+    assert [r.token_id for r in mine] == [r.token_id for r in theirs] and mine[0].logprob is None
+    assert [r.logprob for r in mine[1:]] == pytest.approx([r.logprob for r in theirs[1:]], abs=1e-4)
+    assert [[t for t, _, _ in r.top] for r in mine] == [[t for t, _, _ in r.top] for r in theirs]
+
+
 def test_cache_lengths_come_in_a_few_buckets():
     assert [cache_bucket(n, 1024) for n in (1, 64, 65, 200, 1000, 5000)] == [64, 64, 128, 256, 1024, 1024]
 
