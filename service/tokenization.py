@@ -44,12 +44,9 @@ def tokenize(engine: str):
     openai_fields.check(body, "tokenize_chat" if chat else "tokenize")
     openai_api.check_model(body)
     if chat:
-        add_generation_prompt = body.get("add_generation_prompt", True)
-        if not isinstance(add_generation_prompt, bool):
-            raise InvalidRequest("'add_generation_prompt' must be true or false", param="add_generation_prompt")
-        text = openai_api.render_chat(
-            openai_api.chat_messages(body["messages"]), add_generation_prompt=add_generation_prompt
-        )
+        generation_prompt = _flag(body, "add_generation_prompt", default=True)
+        messages = openai_api.chat_messages(body["messages"])
+        text = openai_api.render_chat(messages, add_generation_prompt=generation_prompt)
         add_special_tokens = _flag(body, "add_special_tokens", default=False)  # the template has them
     else:
         text = body.get("prompt")
