@@ -98,10 +98,17 @@ class EngineThread:
             if not isinstance(seq.prompt, str):
                 named["prompt"] = seq.prompt
             for param, ids in named.items():
-                bad = [t for t in ids if t >= self.vocab_size]
-                if bad:
-                    message = f"'{param}' names token id {bad[0]}, outside 0..{self.vocab_size - 1}"
-                    raise InvalidParams(message, param=param)
+                self.check_token_ids(ids, param)
+
+    def check_token_ids(self, ids, param: str) -> None:
+        """InvalidParams naming `param` for an id the loaded model does not have (ids are >= 0:
+        the parser has checked that)."""
+        if self.vocab_size is None:
+            return
+        bad = [t for t in ids if t >= self.vocab_size]
+        if bad:
+            message = f"'{param}' names token id {bad[0]}, outside 0..{self.vocab_size - 1}"
+            raise InvalidParams(message, param=param)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Take no more work, abandon what is taken, fail what waits (503), join the thread.

@@ -12,7 +12,7 @@ from batcher.checkpoint import resolve_model
 from batcher.compile_cache import use_compile_cache
 from batcher.metrics import Metrics
 from batcher.vllm_worker import VLLMWorker
-from service import demo, errors, openai_api, ops, page, request_id
+from service import demo, errors, openai_api, ops, page, request_id, tokenization
 from service.config import Config
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,7 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
         app.register_blueprint(blueprint)
     demo.register(app)
     openai_api.register(app)
+    tokenization.register(app)
     errors.register(app)
     request_id.register(app)  # first of the app's hooks
     _observe_requests(app, metrics)

@@ -96,6 +96,12 @@ class Config:
         return os.path.basename(os.path.normpath(self.model)) if os.path.isdir(self.model) else self.model
 
     @property
+    def max_model_len(self) -> int:
+        """The longest sequence a request can make (prompts keep their last MAX_INPUT_TOKENS), as
+        /v1/models and /tokenize report it."""
+        return self.max_input_tokens + self.max_new_tokens_limit
+
+    @property
     def api_keys(self) -> list[str]:
         return [key.strip() for key in self.api_key.split(",") if key.strip()]
 

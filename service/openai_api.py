@@ -56,14 +56,13 @@ def models(engine: str):
         "created": current_app.config["STARTED_AT"],
         "owned_by": "batching-service",
         "root": current_app.extensions["model_path"],
-        # the longest sequence a request can make: prompts keep their last MAX_INPUT_TOKENS
-        "max_model_len": config.max_input_tokens + config.max_new_tokens_limit,
+        "max_model_len": config.max_model_len,
         "structured_outputs": structured.SUPPORTED,  # the kinds both engines constrain decoding to
     }
     return jsonify({"object": "list", "data": [card]})
 
 
-def _check_model(body: dict) -> str:
+def check_model(body: dict) -> str:
     name = _config().model_name
     asked = body.get("model")
     if asked is not None and asked != name:
@@ -206,7 +205,7 @@ def _chunks(
 def completions(engine: str):
     body = schema.json_body(request)
     openai_fields.check(body, "completions")
-    model = _check_model(body)
+    model = check_model(body)
     config = _config()
     prompts = schema.completion_prompts(body.get("prompt"), config)
     echoed = None
@@ -239,19 +238,19 @@ def chat_messages(messages) -> list[dict]:
     return [_message_text(i, m) for i, m in enumerate(messages)]
 
 
-def render_chat(messages: list[dict]) -> str:
-    """The model's own chat template, the same rendering for both engines."""
+def render_chat(messages: list[dict], *, add_generation_prompt: bool = True) -> str:
+    """The model's own chat template, the same rendering for both engines (and /tokenize)."""
     tokenizer = current_app.extensions["tokenizer"]()
     if not tokenizer.chat_template:
         raise InvalidRequest("this model has no chat template: use /completions with a prompt", param="messages")
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
 
 
 @bp.post("/chat/completions")
 def chat_completions(engine: str):
     body = schema.json_body(request)
     openai_fields.check(body, "chat")
-    model = _check_model(body)
+    model = check_model(body)
     messages = chat_messages(body.get("messages"))
     prompt = render_chat(messages)
     # the newer name wins, as on vLLM

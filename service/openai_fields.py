@@ -141,7 +141,24 @@ CHAT: dict[str, Rule] = {
     "prompt": refused(why="a /completions field: chat takes 'messages'"),
 }
 
-ROUTES = {"completions": COMPLETIONS, "chat": CHAT}
+# vLLM's /tokenize (its TokenizeCompletionRequest | TokenizeChatRequest) and /detokenize
+TOKENIZE: dict[str, Rule] = dict.fromkeys("model prompt add_special_tokens return_token_strs".split(), HONOURED)
+
+TOKENIZE_CHAT: dict[str, Rule] = {
+    **dict.fromkeys("model messages add_generation_prompt add_special_tokens return_token_strs".split(), HONOURED),
+    **{name: CHAT[name] for name in "continue_final_message chat_template chat_template_kwargs".split()},
+    **{name: CHAT[name] for name in "media_io_kwargs mm_processor_kwargs tools".split()},
+}
+
+DETOKENIZE: dict[str, Rule] = dict.fromkeys("model tokens".split(), HONOURED)
+
+ROUTES = {
+    "completions": COMPLETIONS,
+    "chat": CHAT,
+    "tokenize": TOKENIZE,
+    "tokenize_chat": TOKENIZE_CHAT,
+    "detokenize": DETOKENIZE,
+}
 
 
 def check(body: dict, route: str) -> None:

@@ -79,7 +79,8 @@ def check_prompts(prompts: list, config: Config, key: str) -> list[str]:
     return prompts
 
 
-def _token_ids(value) -> bool:
+def is_token_ids(value) -> bool:
+    """A list of token ids (integers >= 0; JSON true is not the id 1); the vocabulary is the engine's."""
     return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)
 
 
@@ -94,8 +95,8 @@ def completion_prompts(value, config: Config) -> list[Prompt]:
         raise InvalidRequest(f"'prompt' must be {rule} (and not empty)", param="prompt")
     if all(isinstance(p, str) for p in value):
         return check_prompts(value, config, "prompt")
-    prompts = [value] if _token_ids(value) else value
-    if not all(_token_ids(p) for p in prompts):
+    prompts = [value] if is_token_ids(value) else value
+    if not all(is_token_ids(p) for p in prompts):
         raise InvalidRequest(f"'prompt' must be {rule}; token ids are integers >= 0", param="prompt")
     _check_count(prompts, config, "prompt")
     for i, ids in enumerate(prompts):

@@ -1,0 +1,176 @@
+"""EleutherAI's lm-evaluation-harness against the real gunicorn, on both engines, as a user runs
+it: `python -m lm_eval --model local-completions` with the local model folder as its tokenizer and
+our own two tasks (tests/eval/: data in the repository, nothing from a hub).
+
+tiny_facts is multiple choice: each choice is one loglikelihood request, sent with `echo`,
+`logprobs: 1` and `max_tokens: 1`, and scored from the prompt's token logprobs that come back.
+tiny_capitals is generate-until (greedy, exact match). Each engine runs both, with token-id
+prompts (lm-eval's default) and with `tokenized_requests=False` (text prompts). The scores must
+agree across engines, and in fp32 each choice's loglikelihood must agree with the other engine's
+and with transformers run directly on the same tokens: a server that dropped `echo`, shifted the
+prompt's logprobs by one or lost a token to padding fails here even if the accuracy looked fine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from bench.server import ROOT, Server
+
+TASKS = ROOT / "tests" / "eval"
+KEY = "eval-key"
+MODEL = "SmolLM2-135M-Instruct"
+BASES = {"vllm": "/v1", "static": "/static/v1"}
+RUNS = [(engine, tokenized) for engine in BASES for tokenized in (True, False)]
+TOLERANCE = 1e-3
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    log = tmp_path_factory.mktemp("eval") / "server.log"
+    srv = Server(log, {"API_KEY": KEY, "DTYPE": "float32", "THREADS": "16"})
+    try:
+        health = srv.wait_ready(900)
+        assert health["engines"]["vllm"]["status"] == "ready", srv.log_text()[-3000:]
+        yield srv
+    finally:
+        srv.stop()
+
+
+def lm_eval_command(url: str, model_path: str, tokenized: bool, output: Path) -> list[str]:
+    """The command as the README gives it, for one engine's base URL."""
+    model_args = {
+        "model": MODEL,
+        "base_url": f"{url}/completions",
+        "tokenizer": model_path,
+        "tokenizer_backend": "huggingface",
+        "tokenized_requests": tokenized,
+        "num_concurrent": 4,
+        "max_retries": 1,
+    }
+    return [
+        sys.executable, "-m", "lm_eval",
+        "--model", "local-completions",
+        "--model_args", ",".join(f"{k}={v}" for k, v in model_args.items()),
+        "--include_path", str(TASKS),
+        "--tasks", "tiny_facts,tiny_capitals",
+        "--log_samples", "--output_path", str(output),
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def runs(server, model_path, tmp_path_factory) -> dict[tuple[str, bool], dict]:
+    """The four lm_eval runs, all at once against the one server: (engine, tokenized) ->
+    {"results": the results file, "samples": {task: [sample, ...]}}."""
+    out = tmp_path_factory.mktemp("lm_eval")
+    # nothing from a hub: the data is local and the tokenizer a folder
+    env = {**os.environ, "OPENAI_API_KEY": KEY, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+
+    def run(engine: str, tokenized: bool) -> dict:
+        output = out / f"{engine}-{'ids' if tokenized else 'text'}"
+        command = lm_eval_command(server.url + BASES[engine], model_path, tokenized, output)
+        # from another directory: the tasks find their data from any working directory
+        done = subprocess.run(command, cwd=out, env=env, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr[-5000:]
+        return read_output(output)
+
+    with ThreadPoolExecutor(len(RUNS)) as pool:
+        results = list(pool.map(lambda r: run(*r), RUNS))
+    return dict(zip(RUNS, results, strict=True))
+
+
+def read_output(output: Path) -> dict:
+    (results,) = output.rglob("results_*.json")
+    samples = {}
+    for path in output.rglob("samples_*.jsonl"):
+        task = path.name.removeprefix("samples_").rsplit("_", 1)[0]
+        samples[task] = sorted((json.loads(line) for line in path.read_text().splitlines()), key=lambda s: s["doc_id"])
+    return {"results": json.loads(results.read_text()), "samples": samples}
+
+
+def choice_loglikelihoods(run: dict) -> dict[tuple[str, str], float]:
+    """(context, continuation) -> the loglikelihood lm-eval computed from the server's reply."""
+    out = {}
+    for sample in run["samples"]["tiny_facts"]:
+        pairs = zip(sample["arguments"].values(), sample["filtered_resps"], strict=True)
+        for arguments, (loglikelihood, _greedy) in pairs:
+            out[(arguments["arg_0"], arguments["arg_1"])] = float(loglikelihood)
+    return out
+
+
+@pytest.fixture(scope="module")
+def transformers_loglikelihoods(runs, model_path) -> dict[tuple[str, str], float]:
+    """The same pairs, run through transformers directly in fp32, tokenized as lm-eval does for a
+    causal model (lm_eval/api/model.py `_encode_pair`): the context's trailing spaces moved to the
+    continuation, the whole string encoded, the context's ids cut off the front; no special tokens."""
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    encode = lambda text: tokenizer(text, add_special_tokens=False).input_ids  # noqa: E731
+    out = {}
+    for context, continuation in choice_loglikelihoods(runs["vllm", True]):
+        spaces = len(context) - len(context.rstrip())
+        ctx, cont = (context[:-spaces], context[-spaces:] + continuation) if spaces else (context, continuation)
+        whole, n_context = encode(ctx + cont), len(encode(ctx))
+        with torch.inference_mode():
+            logits = model(torch.tensor([whole])).logits[0]  # [S, V]
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        # token i is predicted at position i - 1
+        out[(context, continuation)] = sum(logprobs[i - 1, whole[i]].item() for i in range(n_context, len(whole)))
+    return out
+
+
+def test_the_harness_runs_every_task_on_both_engines(runs):
+    for key, run in runs.items():
+        assert set(run["results"]["results"]) == {"tiny_facts", "tiny_capitals"}, key
+        assert len(run["samples"]["tiny_facts"]) == 16 and len(run["samples"]["tiny_capitals"]) == 6, key
+
+
+def test_both_engines_report_the_same_scores(runs):
+    scores = {key: scores_of(run) for key, run in runs.items()}
+    assert len(set(scores.values())) == 1, scores
+    acc, exact = scores["vllm", True]
+    assert acc > 0.5 and exact > 0.5, scores  # 4 choices: chance is 0.25; echo ignored scores near it
+
+
+def scores_of(run: dict) -> tuple[float, float]:
+    results = run["results"]["results"]
+    return results["tiny_facts"]["acc,none"], results["tiny_capitals"]["exact_match,strip"]
+
+
+def test_the_generations_are_the_same_on_both_engines(runs):
+    texts = {key: [s["filtered_resps"] for s in run["samples"]["tiny_capitals"]] for key, run in runs.items()}
+    assert all(t == texts["vllm", True] for t in texts.values()), texts
+
+
+def test_each_choices_loglikelihood_is_the_same_on_both_engines(runs):
+    for tokenized in (True, False):
+        vllm, static = choice_loglikelihoods(runs["vllm", tokenized]), choice_loglikelihoods(runs["static", tokenized])
+        assert len(vllm) == 64 and vllm.keys() == static.keys()
+        worst = max(abs(vllm[pair] - static[pair]) for pair in vllm)
+        assert worst < TOLERANCE, (tokenized, worst)
+    ids, text = choice_loglikelihoods(runs["vllm", True]), choice_loglikelihoods(runs["vllm", False])
+    assert max(abs(ids[pair] - text[pair]) for pair in ids) < TOLERANCE  # text prompts: the same tokens
+
+
+# lm-eval reads the continuation as token_logprobs[ctxlen:-1]: the last entry must be the one
+# generated token. vLLM's own server keeps a generated EOS there; ours drops it, so where the model
+# would end the text right after the continuation the continuation's last token is lost
+# (" 9" after "square root of 81?": -1.19 on both engines, -5.61 on vLLM's server and transformers).
+@pytest.mark.xfail(strict=True, reason="issue 17: echo + logprobs drop a generated EOS token")
+def test_each_choices_loglikelihood_is_what_transformers_computes(runs, transformers_loglikelihoods):
+    reference = transformers_loglikelihoods
+    assert len(reference) == 64
+    for key, run in runs.items():
+        got = choice_loglikelihoods(run)
+        assert got.keys() == reference.keys(), key
+        worst = max(abs(got[pair] - reference[pair]) for pair in reference)
+        assert worst < TOLERANCE, (key, worst)
