@@ -1,7 +1,8 @@
 """RoundRows: the per-row bookkeeping of one static round, as `generate()`'s streamer and
 stopping criteria. It ends each row at its own EOS, stop token, stop string or max_tokens, hands
 each row's tokens, logprob records and text to its `Sequence` (which streams them), and never
-hands out a possible start of a stop string. The worker finishes each sequence with its reason."""
+hands out a possible start of a stop string. An EOS or stop token that ends a row is one of its
+tokens (counted, with its record) but adds no text, as on vLLM. The worker finishes each sequence with its reason."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ class RoundRows(BaseStreamer, StoppingCriteria):
         self.reasons: list[str | None] = [None] * len(seqs)
         self.texts: list[str | None] = [None] * len(seqs)  # decoded so far (rows with stop strings)
         self.stop_from: list[int] = [0] * len(seqs)  # stop strings must end after this offset
+        self.by_token: list[bool] = [False] * len(seqs)  # ended by EOS or a stop token (its last)
 
     def put(self, value: torch.Tensor) -> None:
         if value.dim() > 1:  # generate() first hands the streamer the prompts: [B, S]
@@ -36,10 +38,12 @@ class RoundRows(BaseStreamer, StoppingCriteria):
             if self.reasons[row] is not None:
                 continue
             seq = self.seqs[row]
-            if token in self.eos_ids or token in seq.params.stop_token_ids:
-                self.reasons[row] = "stop"
-                continue
             seq.add_tokens([token], [records[row]] if row in records else ())
+            if token in self.eos_ids or token in seq.params.stop_token_ids:
+                # generated and counted, with its logprob record, but no text: as vLLM does, so
+                # that a harness reading the last record as the generated token finds it there
+                self.reasons[row], self.by_token[row] = "stop", True
+                continue
             if seq.stream or seq.params.stop:
                 self._advance(row)
             if self.reasons[row] is None and len(seq.token_ids) >= seq.params.max_tokens:
@@ -81,6 +85,7 @@ class RoundRows(BaseStreamer, StoppingCriteria):
         seq = self.seqs[row]
         text = self.texts[row]
         if text is None or self.reasons[row] != "stop":  # decoded whole, without held-back bytes
-            text = self.tokenizer.decode(seq.token_ids, skip_special_tokens=True)
+            ids = seq.token_ids[:-1] if self.by_token[row] else seq.token_ids  # a stop token has no text
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
         seq.add_text(text[len(seq.text) :])
         return self.reasons[row] or "length"

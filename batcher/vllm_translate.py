@@ -44,18 +44,15 @@ def sampling_params(seq: Sequence):
     )
 
 
-def logprob_records(seq: Sequence, completion, finished: bool) -> list[TokenLogprob]:
+def logprob_records(seq: Sequence, completion) -> list[TokenLogprob]:
     """vLLM's per-token {token id: Logprob} dicts (the top k by rank, plus the chosen token)
-    as our records. The EOS or stop token that ended the sequence has no text, and the static
-    path returns none for it: dropped here too, so both engines count the same tokens."""
+    as our records; the EOS or stop token that ended the sequence has its record too (it has no
+    text), on both engines, as vLLM's own server returns it."""
     if completion.logprobs is None:
         return []
     k = seq.params.logprobs
-    steps = list(zip(completion.token_ids, completion.logprobs, strict=True))
-    if finished and completion.finish_reason == "stop" and not isinstance(completion.stop_reason, str):
-        steps = steps[:-1]
     records = []
-    for token, alternatives in steps:
+    for token, alternatives in zip(completion.token_ids, completion.logprobs, strict=True):
         chosen = alternatives[token]
         ranked = sorted((lp for lp in alternatives.items() if lp[1].rank <= k), key=lambda lp: lp[1].rank)
         top = tuple((tid, lp.decoded_token or "", lp.logprob) for tid, lp in ranked[:k])

@@ -186,7 +186,7 @@ class VLLMWorker(EngineThread):
                 seq.prompt_logprobs = prompt_logprob_records(
                     seq, out.prompt_token_ids, out.prompt_logprobs, self.engine.get_tokenizer()
                 )
-            seq.add_tokens(completion.token_ids, logprob_records(seq, completion, out.finished))
+            seq.add_tokens(completion.token_ids, logprob_records(seq, completion))
             seq.add_text(completion.text)
             self.metrics.generated_tokens.labels(self.name).inc(len(completion.token_ids))
             if out.finished:

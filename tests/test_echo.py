@@ -72,6 +72,21 @@ def test_echo_with_logprobs_puts_the_prompts_tokens_first(post, base, tokenizer)
 
 
 @BASES
+def test_a_generated_eos_is_the_last_record_as_lm_eval_reads_it(post, base, tokenizer):
+    """lm-eval scores a continuation as token_logprobs[ctxlen:-1]: the one generated token must
+    be last, also when it is EOS (no text). This prompt's next token, greedy, is EOS."""
+    prompt = "Question: What is the square root of 81?\nAnswer: 9"
+    ids = tokenizer(prompt).input_ids
+    reply = ok(post(base, prompt=prompt, max_tokens=1, logprobs=1, echo=True, temperature=0))
+    [choice] = reply["choices"]
+    assert choice["finish_reason"] == "stop" and choice["text"] == prompt  # EOS adds no text
+    lp = choice["logprobs"]
+    assert len(lp["tokens"]) == len(ids) + 1 and lp["tokens"][-1] == tokenizer.decode([tokenizer.eos_token_id])
+    assert lp["tokens"][:-1] == [tokenizer.decode([t]) for t in ids]  # the whole prompt is scored
+    assert reply["usage"]["completion_tokens"] == 1  # generated and counted, as vLLM counts it
+
+
+@BASES
 def test_a_token_id_prompt_completes_as_its_text_and_echoes_its_decoded_text(post, base, tokenizer):
     ids = tokenizer(PARIS).input_ids
     as_text = ok(post(base, prompt=PARIS, max_tokens=5))

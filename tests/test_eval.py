@@ -162,10 +162,9 @@ def test_each_choices_loglikelihood_is_the_same_on_both_engines(runs):
 
 
 # lm-eval reads the continuation as token_logprobs[ctxlen:-1]: the last entry must be the one
-# generated token. vLLM's own server keeps a generated EOS there; ours drops it, so where the model
-# would end the text right after the continuation the continuation's last token is lost
-# (" 9" after "square root of 81?": -1.19 on both engines, -5.61 on vLLM's server and transformers).
-@pytest.mark.xfail(strict=True, reason="issue 17: echo + logprobs drop a generated EOS token")
+# generated token, also when it is EOS (it has no text). Where the model would end the text right
+# after the continuation (" 9" after "square root of 81?"), an engine that dropped the EOS record
+# lost the continuation's last token instead: -1.19 against -5.61 on vLLM's server and transformers.
 def test_each_choices_loglikelihood_is_what_transformers_computes(runs, transformers_loglikelihoods):
     reference = transformers_loglikelihoods
     assert len(reference) == 64

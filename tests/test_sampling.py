@@ -76,7 +76,9 @@ def test_stop_token_ids_end_the_text_with_reason_stop(engine):
     stopped = generate(engine, prompts=[PARIS], max_tokens=12, stop_token_ids=[tokens[at]], ignore_eos=True, logprobs=0)
     assert stopped["generated_texts"][0] == "".join(t["token"] for t in reply["logprobs"][0][:at])
     assert stopped["details"][0]["finish_reason"] == "stop"
-    assert len(stopped["logprobs"][0]) == at  # the stop token has no text, and no record
+    # the stop token has no text, but it was generated: its record comes last, as on vLLM
+    assert [t["token_id"] for t in stopped["logprobs"][0]] == tokens[: at + 1]
+    assert stopped["details"][0]["tokens"] == at + 1
 
 
 # --- n -----------------------------------------------------------------------------------------
