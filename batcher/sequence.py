@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from batcher.grammar import StructuredSpec
+from batcher.predict import Prediction
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,10 @@ class Sequence:
     # timestamps (time.monotonic)
     created_at: float = field(default_factory=time.monotonic)
     started_at: float | None = None
+    first_token_at: float | None = None  # set by add_tokens when the first token arrives
     finished_at: float | None = None
+    # what the engine predicted when it admitted it (batcher/predict.py), None if it could not
+    predicted: Prediction | None = None
     done: threading.Event = field(default_factory=threading.Event, repr=False)
     # set when the engine takes it into a round or step, or resolves it without running it
     entered: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -173,7 +177,10 @@ class Sequence:
 
     def add_tokens(self, token_ids: Iterable[int], logprobs: Iterable[TokenLogprob] = ()) -> None:
         """Generated tokens (and their records), before the text that covers them."""
+        had = len(self.token_ids)
         self.token_ids.extend(token_ids)
+        if not had and self.token_ids:
+            self.first_token_at = time.monotonic()
         self.logprobs.extend(logprobs)
 
     def add_text(self, delta: str) -> None:
@@ -211,6 +218,11 @@ class Sequence:
         if self.started_at is None:
             return None
         return (self.started_at - self.created_at) * 1000
+
+    @property
+    def ttft_s(self) -> float | None:
+        """From submission to its first token."""
+        return None if self.first_token_at is None else self.first_token_at - self.created_at
 
     @property
     def inference_ms(self) -> float | None:

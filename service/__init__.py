@@ -109,6 +109,11 @@ def _observe_requests(app: Flask, metrics: Metrics) -> None:
 
     @app.after_request
     def _record(response):
+        if request.blueprint in GENERATE_BLUEPRINTS and "predicted" in g:
+            # what the engine predicted at admission (seconds until its first prompt starts,
+            # as x-queue-time measures it), also on a refusal; "unknown" before any measurement
+            queue_s = g.predicted.queue_s
+            response.headers["x-predicted-wait"] = "unknown" if queue_s is None else f"{queue_s:.4f}"
         if request.blueprint in GENERATE_BLUEPRINTS:
             elapsed = time.perf_counter() - g.started
             # the route's rule, not the path: an unknown path under /v1 must not make a new series

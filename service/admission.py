@@ -1,0 +1,45 @@
+"""How long a request is willing to wait for its first token: the `X-Max-Queue-Ms` header on
+every generate route, or `max_queue_ms` in the body of the demo and OpenAI routes (both given:
+the stricter). The engine refuses it at once (429 `wait_too_long`, Retry-After) when its
+predicted time to first token is longer (batcher/engine.py `submit`), and, with or without
+one, when its predicted completion is longer than REQUEST_TIMEOUT_S."""
+
+from __future__ import annotations
+
+import math
+
+from flask import request
+
+from service.errors import ApiError
+
+HEADER = "X-Max-Queue-Ms"
+FIELD = "max_queue_ms"
+
+
+class InvalidDeadline(ApiError):
+    status, type = 400, "invalid_request"
+
+
+def _milliseconds(value, name: str) -> float:
+    if isinstance(value, str):  # a header is text; a body's value must already be a number
+        try:
+            value = float(value.strip())
+        except ValueError:
+            raise InvalidDeadline(f"'{name}' must be a number of milliseconds, got {value!r}", param=name) from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidDeadline(f"'{name}' must be a number of milliseconds, got {value!r}", param=name)
+    if not math.isfinite(value) or value < 0:
+        raise InvalidDeadline(f"'{name}' must be a finite number >= 0, got {value!r}", param=name)
+    return float(value)
+
+
+def max_ttft_s() -> float | None:
+    """The current request's deadline for its first token in seconds, None without one. The
+    body is the one the view parsed already (Flask caches it); a GET has none."""
+    limits = []
+    if HEADER in request.headers:
+        limits.append(_milliseconds(request.headers[HEADER], HEADER))
+    body = request.get_json(force=True, silent=True) if request.method == "POST" else None
+    if isinstance(body, dict) and body.get(FIELD) is not None:
+        limits.append(_milliseconds(body[FIELD], FIELD))
+    return min(limits) / 1000 if limits else None
