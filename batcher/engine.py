@@ -30,6 +30,7 @@ class EngineThread:
         self.settings = settings
         self.workload = Workload(max_queue)
         self.metrics = metrics or Metrics()
+        self.metrics.watch(self.name, self.running, self.workload.qsize)
         self.lifecycle = Lifecycle(self.name, enabled=enabled, why_disabled=why_disabled)
         self.load_seconds: float | None = None
         self.vocab_size: int | None = None  # set by _load(): token ids a request may name
@@ -188,6 +189,11 @@ class EngineThread:
     def _note_if_drained(self) -> None:
         """Engine thread, between rounds or steps."""
         self.lifecycle.note_drained(self.inflight)
+
+    def _finished(self, seq: Sequence) -> None:
+        """Engine thread, after `seq.finish()`: the metrics of a sequence that ran."""
+        if seq.error is None and seq.finish_reason != "cancelled":
+            self.metrics.finished(self.name, seq)
 
     def _fail_waiting(self, message: str) -> None:
         for seq in self.workload.drain():

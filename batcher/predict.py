@@ -1,7 +1,7 @@
 """Predicted wait: each engine's cost model, from live state only.
 
-The engine thread measures what it runs and feeds a `WidthClock` (an exponentially weighted
-mean of seconds, per batch width); request threads read the clocks and the workload to predict,
+The engine thread measures what it runs and feeds a `WidthClock` (a running median of seconds,
+per batch width); request threads read the clocks and the workload to predict,
 for a request of N prompts of M tokens, when its first prompt starts (queue), when its first
 token comes (TTFT) and when its last prompt ends (total):
 
@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import heapq
 import math
+import statistics
 import time
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from types import MappingProxyType
 
-ALPHA = 0.3  # weight of the newest measurement: a few rounds follow a change of load
+WINDOW = 5  # measurements kept per width
 
 
 @dataclass(frozen=True)
@@ -76,16 +77,19 @@ class Prediction:
 
 
 class WidthClock:
-    """Seconds by batch width, an exponentially weighted mean per width."""
+    """Seconds by batch width: the low median of the last WINDOW measurements at each width.
+    A median, not a running mean, because a process's first rounds at a new shape can be many
+    times slower than the rest (allocator and kernel set-up, a starved CPU): one such outlier is
+    outvoted by the next normal round (the low median of two is the smaller), and the estimate
+    still follows a change of load within WINDOW // 2 + 1 rounds."""
 
     def __init__(self) -> None:
-        self._by_width: MappingProxyType[int, float] = MappingProxyType({})
+        self._by_width: MappingProxyType[int, tuple[float, ...]] = MappingProxyType({})
 
     def observe(self, width: int, seconds: float) -> None:
         """The engine thread only."""
         by_width = dict(self._by_width)
-        old = by_width.get(width)
-        by_width[width] = seconds if old is None else old + ALPHA * (seconds - old)
+        by_width[width] = (*by_width.get(width, ())[-(WINDOW - 1) :], seconds)
         self._by_width = MappingProxyType(by_width)
 
     def at(self, width: int) -> float | None:
@@ -93,12 +97,12 @@ class WidthClock:
         snapshot = self._by_width
         if not snapshot:
             return None
-        if width in snapshot:
-            return snapshot[width]
-        return snapshot[min(snapshot, key=lambda w: (abs(w - width), -w))]
+        if width not in snapshot:
+            width = min(snapshot, key=lambda w: (abs(w - width), -w))
+        return statistics.median_low(snapshot[width])
 
     def shown(self) -> dict[str, float]:
-        return {str(w): round(s * 1000, 2) for w, s in sorted(self._by_width.items())}
+        return {str(w): round(statistics.median_low(s) * 1000, 2) for w, s in sorted(self._by_width.items())}
 
 
 class StaticCost:

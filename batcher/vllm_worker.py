@@ -196,6 +196,7 @@ class VLLMWorker(EngineThread):
             if out.finished:
                 self.workload.release(seq)
                 seq.finish(completion.finish_reason or "length")
+                self._finished(seq)
 
     def _abort_quietly(self, seqs: list[Sequence], when: str) -> None:
         """Abort in the engine, where the sequences are resolved anyway: a failure to abort must

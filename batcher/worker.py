@@ -115,6 +115,7 @@ class ModelWorker(EngineThread):
                 seq.fail(ShuttingDown("the static engine shut down while this prompt ran"))
             else:
                 seq.finish(reasons[row])
+                self._finished(seq)
             self.metrics.generated_tokens.labels(self.name).inc(len(seq.token_ids))
         self.metrics.rounds.labels("failed" if error else "ok").inc()
         self.metrics.batch_size.observe(len(batch))

@@ -19,6 +19,8 @@ TITLES = {
     "structured": "Structured outputs: json_schema against none at equal work, per generated token",
     "grammar_compile": "Compiling that json_schema (batcher.grammar, in the bench process)",
     "vllm_bench_serve": "vLLM's own client (vllm bench serve) on each engine's OpenAI routes",
+    "wait_accuracy": "Predicted wait: |predicted - measured| / measured TTFT, 64 Poisson arrivals (one-prompt streams)",
+    "wait_policies": "Admission under 2x load: a deadline (X-Max-Queue-Ms) against waiting in the queue",
     "sweep": "Batch-size sweep: one request on /generate (VLLM_ENABLED=0), a fresh service each",
     "fidelity": "Fidelity and decode speed, each configuration in its own process",
     "startup": "Start-up, cold then warm (seconds since gunicorn was launched)",

@@ -10,6 +10,7 @@ import math
 
 from flask import request
 
+from batcher.predict import Prediction
 from service.errors import ApiError
 
 HEADER = "X-Max-Queue-Ms"
@@ -43,3 +44,14 @@ def max_ttft_s() -> float | None:
     if isinstance(body, dict) and body.get(FIELD) is not None:
         limits.append(_milliseconds(body[FIELD], FIELD))
     return min(limits) / 1000 if limits else None
+
+
+def headers(prediction: Prediction) -> dict[str, str]:
+    """What the engine predicted at admission, in seconds: `x-predicted-wait` until the request's
+    first prompt starts (what `x-queue-time` measures), `x-predicted-ttft` until its first token;
+    "unknown" before the engine has measured anything."""
+
+    def seconds(value: float | None) -> str:
+        return "unknown" if value is None else f"{value:.4f}"
+
+    return {"x-predicted-wait": seconds(prediction.queue_s), "x-predicted-ttft": seconds(prediction.ttft_s)}

@@ -11,9 +11,12 @@ def test_a_clock_knows_nothing_until_fed_then_follows_the_nearest_width():
     clock = WidthClock()
     assert clock.at(4) is None
     clock.observe(1, 0.10)
-    clock.observe(4, 0.20)
+    clock.observe(4, 60.0)  # a cold first round
     clock.observe(4, 0.30)
-    assert clock.at(4) == pytest.approx(0.23)  # 0.2 + 0.3 * (0.3 - 0.2)
+    assert clock.at(4) == 0.30  # outvoted at once
+    for seconds in (0.5, 0.5, 0.5):  # the load changed: three rounds follow it
+        clock.observe(4, seconds)
+    assert clock.at(4) == 0.5
     assert clock.at(3) == clock.at(4) and clock.at(2) == clock.at(1)  # the nearest width measured
 
 
