@@ -153,8 +153,8 @@ class VLLMWorker(EngineThread):
                 continue
             admitted.append(seq)
         self._admitted = self._admitted or bool(admitted)
-        for seq in admitted:  # joins the running ones at the next step
-            seq.start(f"step-{self.steps + 1}", self.workload.running(), None)
+        for ahead, seq in enumerate(admitted):  # joins the running ones at the next step
+            seq.start(f"step-{self.steps + 1}", self.workload.running(), None, prefilled_ahead=ahead)
 
     def _abort_cancelled(self) -> None:
         cancelled = [seq for seq in self.workload.taken() if seq.cancelled]

@@ -91,8 +91,10 @@ class ModelWorker(EngineThread):
             # a round that compiles keeps vLLM from stepping meanwhile (fence.py), a rare event
             compiling = self.runner.needs_compile(inputs, max(s.params.max_tokens for s in batch))
             with fence.model_work() if compiling else contextlib.nullcontext(), fence.static_round():
+                mask = inputs["attention_mask"]
+                padding = int(mask.numel() - mask.sum())  # the round's pad tokens, every row's
                 for seq in batch:
-                    seq.start(round_no, len(batch), tuple(shape))
+                    seq.start(round_no, len(batch), tuple(shape), padding=padding)
                 reasons = self.runner.generate(batch, inputs)
             if len(reasons) != len(batch):
                 raise RuntimeError(f"round returned {len(reasons)} results for {len(batch)} sequences")

@@ -17,7 +17,7 @@ from werkzeug.exceptions import NotFound
 
 from batcher.errors import EngineError
 from batcher.sequence import Piece, Sequence
-from service import auth, errors, generation, openai_fields, schema, sse, structured
+from service import auth, batching, errors, generation, openai_fields, schema, sse, structured
 from service.errors import ApiError, InvalidRequest, ModelNotFound
 from service.openai_replies import ChatShape, TextShape, usage
 from service.params import chat_logprobs, parse_n, parse_sampling
@@ -104,7 +104,10 @@ def _respond(shape, engine: str, model: str, prompts: list[str], body: dict, max
         return sse.response(chunks)
     seqs = generation.complete(eng, prompts, params, n)
     choices = [shape.choice(i, seq, seq.logprobs if want else None) for i, seq in enumerate(seqs)]
-    return jsonify({**head, "object": shape.object, "choices": choices, "usage": usage(seqs, n)})
+    reply = {**head, "object": shape.object, "choices": choices, "usage": usage(seqs, n)}
+    if schema.flag(body, "details"):  # our extension: what batching cost each choice (service/batching.py)
+        reply["batching"] = [batching.cost(seq) for seq in seqs]
+    return jsonify(reply)
 
 
 def _chunks(
