@@ -111,7 +111,8 @@ def _policy_row(engine: str, policy: str, deadline_ms: float, results: list[dict
         "deadline (ms)": round(deadline_ms),
         "refused at once": refused,
         "admitted": len(admitted),
-        "admitted that met it": f"{met} ({100 * met / len(admitted):.0f}%)" if admitted else "-",
+        "admitted that met it": met,
+        "met (%)": round(100 * met / len(admitted)) if admitted else None,
         "other errors": len(results) - refused - len(admitted),
         "TTFT p90 of admitted (ms)": round(1000 * _p90(waited)) if waited else None,
     }
