@@ -21,13 +21,16 @@ class InvalidDeadline(ApiError):
     status, type = 400, "invalid_request"
 
 
+def _header_milliseconds(text: str) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise InvalidDeadline(f"'{HEADER}' must be a number of milliseconds, got {text!r}", param=HEADER) from None
+    return _milliseconds(value, HEADER)
+
+
 def _milliseconds(value, name: str) -> float:
-    if isinstance(value, str):  # a header is text; a body's value must already be a number
-        try:
-            value = float(value.strip())
-        except ValueError:
-            raise InvalidDeadline(f"'{name}' must be a number of milliseconds, got {value!r}", param=name) from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):  # a JSON string is not a number
         raise InvalidDeadline(f"'{name}' must be a number of milliseconds, got {value!r}", param=name)
     if not math.isfinite(value) or value < 0:
         raise InvalidDeadline(f"'{name}' must be a finite number >= 0, got {value!r}", param=name)
@@ -39,7 +42,7 @@ def max_ttft_s() -> float | None:
     body is the one the view parsed already (Flask caches it); a GET has none."""
     limits = []
     if HEADER in request.headers:
-        limits.append(_milliseconds(request.headers[HEADER], HEADER))
+        limits.append(_header_milliseconds(request.headers[HEADER]))
     body = request.get_json(force=True, silent=True) if request.method == "POST" else None
     if isinstance(body, dict) and body.get(FIELD) is not None:
         limits.append(_milliseconds(body[FIELD], FIELD))
