@@ -203,6 +203,9 @@ class VLLMCost:
             heapq.heappush(slots, begins + w.max_tokens)
             joins.append(begins)
         mine = list(zip(joins[len(queued) :], new, strict=True))
-        queue_s = min(begins for begins, _ in mine) * step
-        total = max(begins * step + prefill + (w.max_tokens - 1) * step for begins, w in mine)
+        # with something running, a new sequence first waits out the step in progress: half of one
+        # on average (the engine thread admits between steps)
+        behind = step / 2 if running else 0.0
+        queue_s = behind + min(begins for begins, _ in mine) * step
+        total = behind + max(begins * step + prefill + (w.max_tokens - 1) * step for begins, w in mine)
         return Prediction(queue_s, queue_s + prefill, total, ahead)

@@ -49,8 +49,10 @@ def test_vllm_joins_at_once_with_room_and_waits_for_a_slot_without():
     assert not cost.predict([], [], [Work(5)]).known
     cost.observe(2, 0.05, admitted=True)
     cost.observe(2, 0.01, admitted=False)
-    room = cost.predict([Work(5, produced=1)], [], [Work(5)])
-    assert (room.queue_s, room.ttft_s) == pytest.approx((0.0, 0.05))
+    idle = cost.predict([], [], [Work(5)])
+    assert (idle.queue_s, idle.ttft_s) == pytest.approx((0.0, 0.05))
+    room = cost.predict([Work(5, produced=1)], [], [Work(5)])  # behind half the step in progress
+    assert (room.queue_s, room.ttft_s) == pytest.approx((0.005, 0.055))
     full = cost.predict([Work(5, produced=1), Work(10, produced=2)], [], [Work(5)])
-    assert full.queue_s == pytest.approx(4 * 0.01)  # the first slot frees after 4 more steps
-    assert full.total_s == pytest.approx(0.04 + 0.05 + 4 * 0.01)
+    assert full.queue_s == pytest.approx(0.005 + 4 * 0.01)  # the first slot frees after 4 more steps
+    assert full.total_s == pytest.approx(0.045 + 0.05 + 4 * 0.01)
