@@ -235,8 +235,10 @@ def test_metrics_under_vllms_names_count_both_engines(vllm_client):
 # --- the real gunicorn --------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    # a timeout no prediction on a busy machine reaches: the deadline alone decides here
-    env = {"VLLM_ENABLED": "0", "THREADS": "16", "REQUEST_TIMEOUT_S": "3600"}
+    # a timeout no prediction on a busy machine reaches: the deadline alone decides here; one torch
+    # thread, since two spinning at every op's barrier on an oversubscribed CPU made a decode
+    # step 7 s here against 0.3 s with one
+    env = {"VLLM_ENABLED": "0", "THREADS": "16", "REQUEST_TIMEOUT_S": "3600", "TORCH_THREADS": "1"}
     srv = Server(tmp_path_factory.mktemp("admission") / "server.log", env)
     try:
         assert srv.wait_ready(600)["engines"]["static"]["status"] == "ready", srv.log_text()[-3000:]
