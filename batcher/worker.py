@@ -130,5 +130,8 @@ class ModelWorker(EngineThread):
         firsts = [seq.first_token_at for seq in batch if seq.first_token_at is not None]
         if not firsts:
             return
-        steps = max(len(seq.token_ids) for seq in batch)
-        self.cost.observe(len(batch), min(firsts) - began, steps, time.monotonic() - began)
+        steps, seconds = max(len(seq.token_ids) for seq in batch), time.monotonic() - began
+        log.debug(
+            "round measured: %d rows, prefill %.3fs, %d steps, %.3fs", len(batch), min(firsts) - began, steps, seconds
+        )
+        self.cost.observe(len(batch), min(firsts) - began, steps, seconds)

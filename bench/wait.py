@@ -35,10 +35,11 @@ def _one(url: str, path: str, body: dict, headers: dict) -> dict:
     resp = requests.post(url + path, json=body, headers=headers, timeout=measure.TIMEOUT_S, stream=True)
     out = {"status": resp.status_code, "predicted_s": _seconds(resp.headers.get("x-predicted-ttft"))}
     if resp.status_code == 200:
-        next(line for line in resp.iter_lines() if line.startswith(b"data: "))
+        lines = resp.iter_lines()  # one iterator: a second one would lose what the first buffered
+        next(line for line in lines if line.startswith(b"data: "))
         out["ttft_s"] = time.perf_counter() - started
-        for _ in resp.iter_lines():  # the rest of the stream, so the engine does the whole work
-            pass
+        for _ in lines:  # the rest of the stream: a client that hangs up cancels its row (and
+            pass  # its round ends early, which is not the work the prediction was made for)
     resp.close()
     return out
 
