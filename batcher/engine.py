@@ -8,9 +8,10 @@ import logging
 import threading
 import time
 
-from batcher.errors import InvalidParams, ShuttingDown
+from batcher.errors import InvalidParams, ShuttingDown, WaitTooLong
 from batcher.lifecycle import Lifecycle
 from batcher.metrics import Metrics
+from batcher.predict import Prediction, StaticCost, VLLMCost, Work
 from batcher.sequence import Sequence
 from batcher.workload import Workload
 
@@ -23,11 +24,13 @@ class EngineThread:
     `settings`: the engine's slice of Config (batcher/settings.py)."""
 
     name = "engine"
+    cost: StaticCost | VLLMCost  # the engine's cost model (batcher/predict.py), fed by its thread
 
     def __init__(self, settings, *, max_queue: int, metrics: Metrics | None, enabled=True, why_disabled=""):
         self.settings = settings
         self.workload = Workload(max_queue)
         self.metrics = metrics or Metrics()
+        self.metrics.watch(self.name, self.running, self.workload.qsize)
         self.lifecycle = Lifecycle(self.name, enabled=enabled, why_disabled=why_disabled)
         self.load_seconds: float | None = None
         self.vocab_size: int | None = None  # set by _load(): token ids a request may name
@@ -72,12 +75,29 @@ class EngineThread:
         """Raise what `submit()` would raise for any request: ShuttingDown or NotReady."""
         self.lifecycle.check_available()
 
-    def submit(self, seqs: list[Sequence]) -> None:
-        """Enqueue all of `seqs` or none (QueueFull); the caller waits on each `seq.done`."""
+    def submit(
+        self, seqs: list[Sequence], *, max_ttft_s: float | None = None, max_total_s: float | None = None
+    ) -> Prediction:
+        """Enqueue all of `seqs` or none (QueueFull, WaitTooLong); the caller waits on each
+        `seq.done`. Refused (WaitTooLong) if the predicted time to the first token exceeds
+        `max_ttft_s` or the predicted completion `max_total_s`; an unknown prediction admits.
+        The prediction and the enqueue are one step under the lifecycle's lock, so two requests
+        never both count on the same free room. Returns the prediction (also on each sequence)."""
         with self.lifecycle.admitting():
             self._check_token_ids(seqs)
+            prediction = self.predict([work(seq) for seq in seqs])
+            _admit(self.name, prediction, max_ttft_s, max_total_s)
+            for seq in seqs:
+                seq.predicted = prediction
             self.workload.put_all(seqs)
         self.metrics.prompts.labels(self.name).inc(len(seqs))
+        return prediction
+
+    def predict(self, new: list[Work]) -> Prediction:
+        """When `new` would start, see its first token and end if it were enqueued now."""
+        running = [work(seq) for seq in self.workload.taken()]
+        queued = [work(seq) for seq in self.workload.queued() if not seq.cancelled]
+        return self.cost.predict(running, queued, new)
 
     def begin_drain(self) -> None:
         """Refuse new work (ShuttingDown), let what is queued or taken finish. Non-blocking and
@@ -127,6 +147,19 @@ class EngineThread:
         """Sequences queued or taken."""
         return self.workload.inflight()
 
+    def load(self, prompts: int, max_tokens: int) -> dict:
+        """/load's entry: the prediction for `prompts` prompts of `max_tokens` tokens (null
+        fields when unknown or not ready) and the estimates it is made of."""
+        ready = self.lifecycle.ready
+        prediction = self.predict([Work(max_tokens)] * prompts) if ready else None
+        return {
+            "status": self.lifecycle.status,
+            "prompts": prompts,
+            "max_tokens": max_tokens,
+            **(prediction or Prediction(None, None, None, self.inflight())).shown(),
+            "estimates": self.cost.shown(),
+        }
+
     def health(self) -> dict:
         return {
             "status": self.lifecycle.status,
@@ -166,6 +199,11 @@ class EngineThread:
         """Engine thread, between rounds or steps."""
         self.lifecycle.note_drained(self.inflight)
 
+    def _finished(self, seq: Sequence) -> None:
+        """Engine thread, after `seq.finish()`: the metrics of a sequence that ran."""
+        if seq.error is None and seq.finish_reason != "cancelled":
+            self.metrics.finished(self.name, seq)
+
     def _fail_waiting(self, message: str) -> None:
         for seq in self.workload.drain():
             self.lifecycle.abandon()
@@ -179,3 +217,19 @@ class EngineThread:
 
     def _abandon(self) -> None:
         pass
+
+
+def work(seq: Sequence) -> Work:
+    """What the cost model needs of a sequence."""
+    return Work(seq.params.max_tokens, seq.solo, len(seq.token_ids), seq.started_at)
+
+
+def _admit(engine: str, prediction: Prediction, max_ttft_s: float | None, max_total_s: float | None) -> None:
+    if not prediction.known:
+        return
+    if max_ttft_s is not None and prediction.ttft_s > max_ttft_s:
+        message = f"predicted time to first token {prediction.ttft_s * 1000:.0f} ms on the {engine} engine"
+        raise WaitTooLong(f"{message} exceeds the deadline of {max_ttft_s * 1000:g} ms", prediction=prediction)
+    if max_total_s is not None and prediction.total_s > max_total_s:
+        message = f"predicted completion in {prediction.total_s:.1f}s on the {engine} engine"
+        raise WaitTooLong(f"{message} exceeds REQUEST_TIMEOUT_S ({max_total_s:g}s)", prediction=prediction)

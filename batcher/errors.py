@@ -28,3 +28,12 @@ class InvalidParams(EngineError):
     def __init__(self, message: str, *, param: str | None = None):
         super().__init__(message)
         self.param = param
+
+
+class WaitTooLong(EngineError):
+    """The predicted wait is longer than the request allows (its deadline, or REQUEST_TIMEOUT_S
+    for the whole of it): nothing was enqueued (429, Retry-After from `prediction`)."""
+
+    def __init__(self, message: str, *, prediction):
+        super().__init__(message)
+        self.prediction = prediction  # batcher.predict.Prediction

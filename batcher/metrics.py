@@ -7,10 +7,23 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _SECONDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
+# vLLM's default buckets (vllm/v1/metrics/buckets.py), copied: importing vllm costs seconds, and a
+# deployment without the vLLM engine never imports it
+# fmt: off
+_TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+         80.0, 160.0, 640.0, 2560.0)
+_ITL = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+_LATENCY = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
+            960.0, 1920.0, 7680.0)
+# fmt: on
+_RATIO = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
+_VLLM_LABELS = ["model_name", "engine"]  # vLLM's "engine" is an engine index; here static | vllm
+
 
 class Metrics:
-    def __init__(self, registry: CollectorRegistry | None = None):
+    def __init__(self, registry: CollectorRegistry | None = None, *, model_name: str = ""):
         self.registry = registry or CollectorRegistry()
+        self.model_name = model_name
         r = self.registry
         # static batching
         self.queue_depth = Gauge("batcher_queue_depth", "Sequences waiting in the static queue", registry=r)
@@ -32,3 +45,74 @@ class Metrics:
         self.vllm_running = Gauge("vllm_running_requests", "Requests in the vLLM engine", registry=r)
         self.vllm_waiting = Gauge("vllm_waiting_requests", "Requests in the vLLM inbox, not yet added", registry=r)
         self.vllm_steps = Counter("vllm_engine_steps", "vLLM engine steps", registry=r)
+        # both engines, under the names vLLM's own server uses (vllm/v1/metrics/loggers.py), so
+        # that a dashboard made for vLLM reads either engine; counted per sequence
+        self.num_running = Gauge(
+            "vllm:num_requests_running", "Sequences in a running round or step", _VLLM_LABELS, registry=r
+        )
+        self.num_waiting = Gauge("vllm:num_requests_waiting", "Sequences queued", _VLLM_LABELS, registry=r)
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens prefilled", _VLLM_LABELS, registry=r)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated", _VLLM_LABELS, registry=r)
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "From submission to the first token",
+            _VLLM_LABELS,
+            buckets=_TTFT,
+            registry=r,
+        )
+        self.inter_token = Histogram(
+            "vllm:inter_token_latency_seconds",
+            "Between tokens (a sequence's mean interval, once per interval)",
+            _VLLM_LABELS,
+            buckets=_ITL,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds",
+            "From submission to the last token",
+            _VLLM_LABELS,
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.queue_time = Histogram(
+            "vllm:request_queue_time_seconds",
+            "From submission to its round or step",
+            _VLLM_LABELS,
+            buckets=_LATENCY,
+            registry=r,
+        )
+        # ours: how far the predicted time to first token (batcher/predict.py) was off
+        self.prediction_error = Histogram(
+            "batcher_ttft_prediction_error_ratio",
+            "|predicted - measured| / measured time to first token",
+            ["engine"],
+            buckets=_RATIO,
+            registry=r,
+        )
+
+    def watch(self, engine: str, running, waiting) -> None:
+        """The gauges of `engine`, read from its own counts when scraped."""
+        self.num_running.labels(self.model_name, engine).set_function(running)
+        self.num_waiting.labels(self.model_name, engine).set_function(waiting)
+
+    def finished(self, engine: str, seq) -> None:
+        """A sequence the engine finished (not failed): its latencies, tokens and prediction."""
+        labels = (self.model_name, engine)
+        self.generation_tokens.labels(*labels).inc(len(seq.token_ids))
+        if seq.prompt_tokens:
+            self.prompt_tokens.labels(*labels).inc(seq.prompt_tokens)
+        if seq.started_at is not None:
+            self.queue_time.labels(*labels).observe(seq.started_at - seq.created_at)
+        if seq.finished_at is not None:
+            self.e2e.labels(*labels).observe(seq.finished_at - seq.created_at)
+        ttft = seq.ttft_s
+        if ttft is None:
+            return
+        self.ttft.labels(*labels).observe(ttft)
+        intervals = len(seq.token_ids) - 1
+        if intervals > 0 and seq.finished_at is not None:
+            mean = (seq.finished_at - seq.first_token_at) / intervals
+            for _ in range(intervals):
+                self.inter_token.labels(*labels).observe(mean)
+        if seq.predicted is not None and seq.predicted.known and ttft > 0:
+            self.prediction_error.labels(engine).observe(abs(seq.predicted.ttft_s - ttft) / ttft)

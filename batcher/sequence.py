@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from batcher.grammar import StructuredSpec
+from batcher.predict import Prediction
 
 
 @dataclass(frozen=True)
@@ -120,8 +121,8 @@ class Sequence:
       end marker `(self, None)` from `pieces`, which comes after every write).
     - with `params.prompt_logprobs`, the engine writes `prompt_logprobs` (one record per prompt
       token, as the engine truncated it) before the sequence's first token.
-    - `start` writes the round's details (`round`, `batch_size`, `batch_shape`, `started_at`)
-      and then sets `entered`: those may be read from then on.
+    - `start` writes the round's details (`round`, `batch_size`, `batch_shape`, `padding` or
+      `prefilled_ahead`, `started_at`) and then sets `entered`: those may be read from then on.
     - while the sequence runs, a streamed request reads only what each piece carries: the text,
       its logprob records (`Piece.logprobs`) and token count; and `prompt_tokens`, which the
       engine writes before the sequence's first token.
@@ -149,10 +150,16 @@ class Sequence:
     round: int | str | None = None
     batch_size: int | None = None
     batch_shape: tuple[int, ...] | None = None
+    padding: int | None = None  # static: pad tokens in its round's prompts (all rows together)
+    prefilled_ahead: int | None = None  # vLLM: sequences admitted at its step before it
     # timestamps (time.monotonic)
     created_at: float = field(default_factory=time.monotonic)
     started_at: float | None = None
+    first_token_at: float | None = None  # set by add_tokens when the first token arrives
+    last_token_at: float | None = None  # and when the latest one did
     finished_at: float | None = None
+    # what the engine predicted when it admitted it (batcher/predict.py), None if it could not
+    predicted: Prediction | None = None
     done: threading.Event = field(default_factory=threading.Event, repr=False)
     # set when the engine takes it into a round or step, or resolves it without running it
     entered: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -180,14 +187,28 @@ class Sequence:
         return self._cancelled.is_set()
 
     # --- engine side ---------------------------------------------------------------------
-    def start(self, round_no: int | str, batch_size: int, shape: tuple[int, ...] | None) -> None:
+    def start(
+        self,
+        round_no: int | str,
+        batch_size: int,
+        shape: tuple[int, ...] | None,
+        *,
+        padding: int | None = None,
+        prefilled_ahead: int | None = None,
+    ) -> None:
         self.started_at = time.monotonic()
         self.round, self.batch_size, self.batch_shape = round_no, batch_size, shape
+        self.padding, self.prefilled_ahead = padding, prefilled_ahead
         self.entered.set()
 
     def add_tokens(self, token_ids: Iterable[int], logprobs: Iterable[TokenLogprob] = ()) -> None:
         """Generated tokens (and their records), before the text that covers them."""
+        had = len(self.token_ids)
         self.token_ids.extend(token_ids)
+        if len(self.token_ids) > had:
+            self.last_token_at = time.monotonic()
+            if not had:
+                self.first_token_at = self.last_token_at
         self.logprobs.extend(logprobs)
 
     def add_text(self, delta: str) -> None:
@@ -225,6 +246,11 @@ class Sequence:
         if self.started_at is None:
             return None
         return (self.started_at - self.created_at) * 1000
+
+    @property
+    def ttft_s(self) -> float | None:
+        """From submission to its first token."""
+        return None if self.first_token_at is None else self.first_token_at - self.created_at
 
     @property
     def inference_ms(self) -> float | None:

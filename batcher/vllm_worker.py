@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
@@ -24,6 +25,7 @@ from batcher.engine import EngineThread
 from batcher.errors import RoundFailed, ShuttingDown
 from batcher.grammar import vllm_config
 from batcher.metrics import Metrics
+from batcher.predict import VLLMCost
 from batcher.sequence import Sequence
 from batcher.settings import VLLMSettings
 from batcher.vllm_translate import engine_prompt, logprob_records, prompt_logprob_records, refusal, sampling_params
@@ -65,6 +67,8 @@ class VLLMWorker(EngineThread):
         self.metrics.vllm_running.set_function(self.running)
         self.engine = None
         self.steps = 0
+        self.cost = VLLMCost(settings.max_num_seqs)
+        self._admitted = False  # sequences joined since the last step: the next one prefills them
 
     def unfinished(self) -> int:
         """Requests the engine itself still holds (0 once everything was answered or aborted)."""
@@ -148,8 +152,9 @@ class VLLMWorker(EngineThread):
                 seq.fail(refusal(seq, exc))
                 continue
             admitted.append(seq)
-        for seq in admitted:  # joins the running ones at the next step
-            seq.start(f"step-{self.steps + 1}", self.workload.running(), None)
+        self._admitted = self._admitted or bool(admitted)
+        for ahead, seq in enumerate(admitted):  # joins the running ones at the next step
+            seq.start(f"step-{self.steps + 1}", self.workload.running(), None, prefilled_ahead=ahead)
 
     def _abort_cancelled(self) -> None:
         cancelled = [seq for seq in self.workload.taken() if seq.cancelled]
@@ -162,9 +167,12 @@ class VLLMWorker(EngineThread):
 
     def _step(self) -> None:
         self.steps += 1
+        width, admitted, began = self.workload.running(), self._admitted, time.perf_counter()
+        self._admitted = False
         try:
             with fence.model_work():  # never while the static engine compiles (fence.py)
                 outputs = self.engine.step()
+            self.cost.observe(width, time.perf_counter() - began, admitted=admitted)
         except Exception as exc:  # fail what was in the engine; the thread lives on
             log.exception("vLLM step %d failed", self.steps)
             failed = self.workload.taken()
@@ -192,6 +200,7 @@ class VLLMWorker(EngineThread):
             if out.finished:
                 self.workload.release(seq)
                 seq.finish(completion.finish_reason or "length")
+                self._finished(seq)
 
     def _abort_quietly(self, seqs: list[Sequence], when: str) -> None:
         """Abort in the engine, where the sequences are resolved anyway: a failure to abort must

@@ -17,6 +17,7 @@ from batcher import fence
 from batcher.engine import EngineThread
 from batcher.errors import RoundFailed, ShuttingDown
 from batcher.metrics import Metrics
+from batcher.predict import StaticCost
 from batcher.runner import Runner, set_torch_threads
 from batcher.sequence import Sequence
 from batcher.settings import StaticSettings
@@ -39,6 +40,7 @@ class ModelWorker(EngineThread):
         self._load_runner = load_runner or functools.partial(Runner, settings)
         self.batch_size = settings.batch_size
         self.batch_wait_s = settings.batch_wait_ms / 1000
+        self.cost = StaticCost(self.batch_size, self.batch_wait_s)
         self.torch_threads = settings.torch_threads
         self.metrics.queue_depth.set_function(self.workload.qsize)
         self.metrics.inflight.set_function(self.inflight)
@@ -80,7 +82,7 @@ class ModelWorker(EngineThread):
     def _run_round(self, batch: list[Sequence]) -> None:
         self.rounds += 1
         round_no, started = self.rounds, time.perf_counter()
-        shape, reasons, error = None, None, None
+        shape, reasons, error, compiling = None, None, None, False
         # Every round: an idle vLLM engine in this process may have changed torch's thread count.
         set_torch_threads(self.torch_threads)
         try:
@@ -89,8 +91,10 @@ class ModelWorker(EngineThread):
             # a round that compiles keeps vLLM from stepping meanwhile (fence.py), a rare event
             compiling = self.runner.needs_compile(inputs, max(s.params.max_tokens for s in batch))
             with fence.model_work() if compiling else contextlib.nullcontext(), fence.static_round():
+                mask = inputs["attention_mask"]
+                padding = int(mask.numel() - mask.sum())  # the round's pad tokens, every row's
                 for seq in batch:
-                    seq.start(round_no, len(batch), tuple(shape))
+                    seq.start(round_no, len(batch), tuple(shape), padding=padding)
                 reasons = self.runner.generate(batch, inputs)
             if len(reasons) != len(batch):
                 raise RuntimeError(f"round returned {len(reasons)} results for {len(batch)} sequences")
@@ -98,6 +102,8 @@ class ModelWorker(EngineThread):
             error = exc
             log.exception("round %d failed", round_no)
         elapsed = time.perf_counter() - started
+        if error is None and not compiling:  # a compile is a one-off, not what the next round costs
+            self._measure(batch)
         # logged before anyone is woken, so a client that got its answer finds the line written
         log.info("round %d: Batch input shape: %s sequences=%s %.3fs", round_no, shape, [s.id for s in batch], elapsed)
         for seq in batch:  # before waking any request: nothing in flight is left over
@@ -111,7 +117,21 @@ class ModelWorker(EngineThread):
                 seq.fail(ShuttingDown("the static engine shut down while this prompt ran"))
             else:
                 seq.finish(reasons[row])
+                self._finished(seq)
             self.metrics.generated_tokens.labels(self.name).inc(len(seq.token_ids))
         self.metrics.rounds.labels("failed" if error else "ok").inc()
         self.metrics.batch_size.observe(len(batch))
         self.metrics.round_seconds.observe(elapsed)
+
+    def _measure(self, batch: list[Sequence]) -> None:
+        """Feed the cost model with the round just run (its rows' own clocks, from the moment
+        they entered it to the first token and to the end)."""
+        began = min(seq.started_at for seq in batch)
+        firsts = [seq.first_token_at for seq in batch if seq.first_token_at is not None]
+        if not firsts:
+            return
+        steps, seconds = max(len(seq.token_ids) for seq in batch), time.monotonic() - began
+        log.debug(
+            "round measured: %d rows, prefill %.3fs, %d steps, %.3fs", len(batch), min(firsts) - began, steps, seconds
+        )
+        self.cost.observe(len(batch), min(firsts) - began, steps, seconds)

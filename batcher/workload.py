@@ -31,12 +31,18 @@ class Workload:
         self._queue: queue.Queue[list[Sequence] | None] = queue.Queue()
         self._carry: collections.deque[Sequence] = collections.deque()
         self._lock = threading.Lock()
-        self._queued = 0  # sequences in _queue and _carry
+        # the sequences in _queue and _carry, oldest first: put_all appends, _take pops
+        self._waiting: collections.deque[Sequence] = collections.deque()
         self._taken: dict[str, Sequence] = {}  # by id, in the order taken
 
     def qsize(self) -> int:
         """Queued sequences (cancelled ones not yet drained included)."""
-        return self._queued
+        return len(self._waiting)
+
+    def queued(self) -> list[Sequence]:
+        """The queued sequences, oldest first: a snapshot (cancelled ones included)."""
+        with self._lock:
+            return list(self._waiting)
 
     def running(self) -> int:
         """Sequences taken and not yet released."""
@@ -45,7 +51,7 @@ class Workload:
     def inflight(self) -> int:
         """Queued or taken: everything the engine still has to resolve."""
         with self._lock:
-            return self._queued + len(self._taken)
+            return len(self._waiting) + len(self._taken)
 
     def taken(self) -> list[Sequence]:
         with self._lock:
@@ -61,9 +67,10 @@ class Workload:
 
     def put_all(self, seqs: list[Sequence]) -> None:
         with self._lock:
-            if self._queued + len(seqs) > self.maxsize:
-                raise QueueFull(f"queue holds {self._queued} of {self.maxsize} sequences; {len(seqs)} more do not fit")
-            self._queued += len(seqs)
+            queued = len(self._waiting)
+            if queued + len(seqs) > self.maxsize:
+                raise QueueFull(f"queue holds {queued} of {self.maxsize} sequences; {len(seqs)} more do not fit")
+            self._waiting.extend(seqs)
             self._queue.put_nowait(list(seqs))
 
     def wake(self) -> None:
@@ -73,8 +80,8 @@ class Workload:
     def _take(self, *, hold: bool) -> tuple[Sequence, bool]:
         """The oldest queued sequence, and whether it is taken (held): not if it was cancelled."""
         with self._lock:
-            self._queued -= 1
             seq = self._carry.popleft()
+            self._waiting.popleft()  # the same one: both hold what waits in the order it came
             held = hold and not seq.cancelled
             if held:
                 self._taken[seq.id] = seq

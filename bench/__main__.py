@@ -15,12 +15,12 @@ from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 
-from bench import inproc, measure, report, serve_client, structured
+from bench import inproc, measure, report, serve_client, structured, wait
 from bench.server import ROOT, SETTLED, Server
 from service.config import Config
 
 SWEEP_N, SWEEP, BASIC_MAX_N, READY_TIMEOUT_S, STARTUP_TIMEOUT_S = 64, [1, 2, 4, 8, 16, 64], 16, 300, 1500
-ON_THE_SERVICE = ("grid", "ttft", "structured", "openai")
+ON_THE_SERVICE = ("grid", "ttft", "structured", "openai", "wait")
 LATER = ("direct", "offline", "sweep", "fidelity", "startup")  # the service stopped, each in its own processes
 QUICK = {"n": [1, 4, 16], "repeats": 1, "phases": ("grid", "ttft", "structured", "direct", "offline")}
 FULL = {"n": [1, 4, 16, 64], "repeats": 3, "phases": ON_THE_SERVICE + LATER}
@@ -112,6 +112,9 @@ class Bench:
     def structured(self) -> None:
         self.res["structured"] = [structured.cost(self.srv, engine, self.args.repeats) for engine in self.engines]
         self.res["grammar_compile"] = [structured.compile_cost(serve_client.model(self.srv.url)[0])]
+
+    def wait(self) -> None:  # the predicted wait against the measured one, and admission by deadline
+        self.res.update(wait.run(self.srv.url, self.engines, self.args.batch_size, self.args.max_tokens))
 
     def openai(self) -> None:  # vLLM's own client on each engine's OpenAI routes
         run = partial(serve_client.run, self.srv.url, num_prompts=SWEEP_N, output_len=self.args.max_tokens)

@@ -19,6 +19,8 @@ TITLES = {
     "structured": "Structured outputs: json_schema against none at equal work, per generated token",
     "grammar_compile": "Compiling that json_schema (batcher.grammar, in the bench process)",
     "vllm_bench_serve": "vLLM's own client (vllm bench serve) on each engine's OpenAI routes",
+    "wait_accuracy": "Predicted wait: |predicted - measured| / measured TTFT, 64 Poisson arrivals (one-prompt streams)",
+    "wait_policies": "Admission under 2x load: a deadline (X-Max-Queue-Ms) against waiting in the queue",
     "sweep": "Batch-size sweep: one request on /generate (VLLM_ENABLED=0), a fresh service each",
     "fidelity": "Fidelity and decode speed, each configuration in its own process",
     "startup": "Start-up, cold then warm (seconds since gunicorn was launched)",
@@ -96,6 +98,13 @@ def targets(res: dict) -> list[dict]:
     # the sweep's run at the same BATCH_SIZE is the static path on a service without vLLM
     alone = next((r["time (s)"] for r in res.get("sweep", []) if (r["BATCH_SIZE"], r["N"]) == (bs, big)), None)
     cost = {r["engine"]: r["json_schema/none per token"] for r in res.get("structured", [])}
+    # the predicted wait: the TTFT error's median per engine (worst load), admitted that met their deadline
+    wait_error = {}
+    for r in res.get("wait_accuracy", []):
+        if r["error p50"] is not None:
+            wait_error[r["engine"]] = max(wait_error.get(r["engine"], 0.0), r["error p50"])
+    met = [r["met (%)"] for r in res.get("wait_policies", []) if r["policy"] == "X-Max-Queue-Ms"]
+    met_share = min((m / 100 for m in met if m is not None), default=None)
     checks = [
         (f"static overhead: /generate N={bs} vs direct model.generate()", _div(s4, base.get(DIRECT)), "x", None, 1.1),
         *((f"round model N={r['N']}: measured/predicted", r["measured/predicted"], "", 0.85, 1.15)
@@ -112,6 +121,11 @@ def targets(res: dict) -> list[dict]:
         ("service peak resident memory (/health)", res.get("peak_memory_gib"), " GiB", None, 3),
         ("structured: json_schema vs none per token, static round of 4", cost.get("static"), "x", None, 1.15),
         ("structured: json_schema vs none per token, vLLM 16 prompts", cost.get("vllm"), "x", None, 1.15),
+        ("predicted wait: median |predicted - measured| / measured TTFT, static", wait_error.get("static"), "",
+         None, 0.25),
+        ("predicted wait: median |predicted - measured| / measured TTFT, vLLM", wait_error.get("vllm"), "", None,
+         0.25),
+        ("admitted under 2x load with a deadline that met it (worst engine)", met_share, "", 0.9, None),
     ]  # fmt: skip
     rows = []
     for name, value, unit, low, high in checks:

@@ -12,7 +12,7 @@ from batcher.checkpoint import resolve_model
 from batcher.compile_cache import use_compile_cache
 from batcher.metrics import Metrics
 from batcher.vllm_worker import VLLMWorker
-from service import demo, errors, openai_api, ops, page, request_id, tokenization
+from service import admission, demo, errors, openai_api, ops, page, request_id, tokenization
 from service.config import Config
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
     app.config["SERVICE"] = config
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     app.json.ensure_ascii = False  # completions are text: keep them readable in curl
-    metrics = Metrics()
+    metrics = Metrics(model_name=config.model_name)
     # Once, before any engine thread starts: two threads resolving at once would each convert
     # the default model on a first run. A no-op once `make setup` has converted it.
     path = resolve_model(config.model, config.cache_dir)
@@ -110,6 +110,8 @@ def _observe_requests(app: Flask, metrics: Metrics) -> None:
 
     @app.after_request
     def _record(response):
+        if request.blueprint in GENERATE_BLUEPRINTS and "predicted" in g:  # also on a refusal
+            response.headers.update(admission.headers(g.predicted))
         if request.blueprint in GENERATE_BLUEPRINTS:
             elapsed = time.perf_counter() - g.started
             # the route's rule, not the path: an unknown path under /v1 must not make a new series

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from flask import Response, jsonify
 
 from batcher.sequence import Sequence
-from service import sse
+from service import batching, sse
 from service.errors import ApiError, describe, error_body, message
 from service.generation import Pieces
 from service.schema import GenerateRequest
@@ -24,11 +24,10 @@ def _seconds(values) -> str:
 
 def detail(seq: Sequence) -> dict:
     return {
+        **batching.cost(seq),  # queue_ms, round, shared_with and what sharing cost it
         "sequence_id": seq.id,
-        "round": seq.round,
         "batch_size": seq.batch_size,
         "batch_shape": list(seq.batch_shape) if seq.batch_shape else None,
-        "queue_ms": round(seq.queue_ms or 0.0, 2),
         "inference_ms": round(seq.inference_ms or 0.0, 2),
         "tokens": len(seq.token_ids),
         "finish_reason": seq.finish_reason,

@@ -8,7 +8,7 @@ import logging
 from flask import Blueprint, Flask, Response, jsonify
 from werkzeug.exceptions import HTTPException
 
-from batcher.errors import EngineError, InvalidParams, NotReady, QueueFull, RoundFailed, ShuttingDown
+from batcher.errors import EngineError, InvalidParams, NotReady, QueueFull, RoundFailed, ShuttingDown, WaitTooLong
 from service import request_id
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,7 @@ class DeadlineExceeded(ApiError):
 ENGINE_STATUS: dict[type, tuple[int, str]] = {
     InvalidParams: (422, "invalid_request"),
     QueueFull: (429, "queue_full"),
+    WaitTooLong: (429, "wait_too_long"),
     NotReady: (503, "engine_unavailable"),
     ShuttingDown: (503, "shutting_down"),
     RoundFailed: (500, "generation_failed"),
@@ -107,14 +108,27 @@ def openai_error(exc: BaseException) -> tuple[dict, int]:
     status = 400 if status == 422 else status
     body = {"message": message(exc), "type": OPENAI_TYPES.get(status, "server_error"), "param": None, "code": code}
     body["param"] = getattr(exc, "param", None)
+    if isinstance(exc, WaitTooLong):
+        body["predicted"] = exc.prediction.shown()
     return {"error": body}, status
 
 
-def _respond(body: dict, status: int) -> Response:
+def demo_error(exc: BaseException) -> tuple[dict, int]:
+    """The demo routes' shape and status for `exc`."""
+    status, type_ = describe(exc)
+    body = error_body(message(exc), type_)
+    if isinstance(exc, WaitTooLong):
+        body["predicted"] = exc.prediction.shown()
+    return body, status
+
+
+def _respond(body: dict, status: int, exc: BaseException) -> Response:
     response = jsonify(body)
     response.status_code = status
     if status in (429, 503):  # worth retrying: a full queue drains, a draining replica has others
-        response.headers["Retry-After"] = str(RETRY_AFTER_S)
+        # a refused wait: when the work ahead should be done, from the engine's own prediction
+        retry = exc.prediction.retry_after_s if isinstance(exc, WaitTooLong) else RETRY_AFTER_S
+        response.headers["Retry-After"] = str(retry)
     return response
 
 
@@ -129,9 +143,9 @@ def register(app: Flask) -> None:
 
     @app.errorhandler(Exception)
     def _demo(exc: Exception):
-        status, type_ = describe(exc)
+        body, status = demo_error(exc)
         log_unexpected(exc, status)
-        return _respond(error_body(message(exc), type_), status)
+        return _respond(body, status, exc)
 
 
 def register_openai(bp: Blueprint) -> None:
@@ -141,4 +155,4 @@ def register_openai(bp: Blueprint) -> None:
     def _openai(exc: Exception):
         body, status = openai_error(exc)
         log_unexpected(exc, describe(exc)[0])
-        return _respond(body, status)
+        return _respond(body, status, exc)

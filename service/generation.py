@@ -14,9 +14,12 @@ import time
 from collections.abc import Iterator
 from typing import Protocol
 
-from flask import current_app
+from flask import current_app, g
 
+from batcher.errors import WaitTooLong
+from batcher.predict import Prediction
 from batcher.sequence import SamplingParams, Sequence
+from service import admission
 from service.errors import DeadlineExceeded
 
 
@@ -25,7 +28,7 @@ class Engine(Protocol):
 
     def check_available(self) -> None: ...  # raises what submit() would for any request
 
-    def submit(self, seqs: list[Sequence]) -> None: ...
+    def submit(self, seqs: list[Sequence], *, max_ttft_s=None, max_total_s=None) -> Prediction: ...
 
 
 def engine(name: str) -> Engine:
@@ -38,6 +41,17 @@ def _timeout() -> float:
 
 def deadline_exceeded(timeout: float) -> DeadlineExceeded:
     return DeadlineExceeded(f"request took longer than {timeout:g}s")
+
+
+def submit(eng: Engine, seqs: list[Sequence]) -> None:
+    """Submit under the request's deadline (service/admission.py) and REQUEST_TIMEOUT_S; the
+    prediction, admitted or refused, is kept for the reply's `x-predicted-wait` header."""
+    limit = admission.max_ttft_s()
+    try:
+        g.predicted = eng.submit(seqs, max_ttft_s=limit, max_total_s=_timeout())
+    except WaitTooLong as exc:
+        g.predicted = exc.prediction
+        raise
 
 
 def fan_out(
@@ -56,7 +70,7 @@ def complete(eng: Engine, prompts: list[str], params: SamplingParams, n: int = 1
     seqs = fan_out(prompts, params, n, solo=solo)
     if not seqs:
         return seqs
-    eng.submit(seqs)
+    submit(eng, seqs)
     deadline = time.monotonic() + _timeout()
     for seq in seqs:
         if not seq.done.wait(max(0.0, deadline - time.monotonic())):
@@ -87,7 +101,7 @@ class Pieces:
         raises here."""
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self.seqs = fan_out(prompts, params, n, pieces=self._queue)
-        eng.submit(self.seqs)
+        submit(eng, self.seqs)
         self._deadline = time.monotonic() + _timeout()
         self._timeout_error = deadline_exceeded(_timeout())
         if until_entered:

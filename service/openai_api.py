@@ -18,7 +18,7 @@ from werkzeug.exceptions import NotFound
 
 from batcher.errors import EngineError
 from batcher.sequence import Piece, Prompt, Sequence
-from service import auth, echo, errors, generation, openai_fields, schema, sse, structured
+from service import auth, batching, echo, errors, generation, openai_fields, schema, sse, structured
 from service.echo import Echo
 from service.errors import ApiError, InvalidRequest, ModelNotFound
 from service.openai_replies import ChatShape, TextShape, usage
@@ -123,6 +123,8 @@ def _respond(
             text, records = echoed.text(i // n, text), echoed.logprobs(seq, records)
         choices.append(shape.choice(i, seq, text, records if want else None))
     reply = {**head, "object": shape.object, "choices": choices, "usage": usage(seqs, n), **shape.extras(seqs)}
+    if schema.flag(body, "details"):  # our extension: what batching cost each choice (service/batching.py)
+        reply["batching"] = [batching.cost(seq) for seq in seqs]
     return jsonify(reply)
 
 

@@ -59,7 +59,7 @@ SHARED: dict[str, Rule] = {
         """model frequency_penalty presence_penalty logit_bias logprobs max_tokens n seed stop stream
         stream_options stream_options.include_usage stream_options.continuous_usage_stats temperature
         top_p top_k min_p repetition_penalty stop_token_ids ignore_eos min_tokens response_format
-        structured_outputs""".split(),
+        structured_outputs max_queue_ms details""".split(),
         HONOURED,
     ),
     # they change no token of the output: who asked, caching and routing hints, how chunks are cut,

@@ -10,6 +10,9 @@ function describeEngine(name, e) {
   const parts = [`${name}: ${e.status}`];
   if (e.status === "ready") {
     parts.push(`queued ${e.queued}`);
+    // the engine's own prediction for one prompt arriving now (null until it has measured a round)
+    const ttft = e.predicted?.ttft_ms;
+    parts.push(`predicted first token ${ttft == null ? "unknown" : `${Math.round(ttft)} ms`}`);
     if ("rounds" in e) parts.push(`in flight ${e.inflight}`, `rounds ${e.rounds}`);
     if ("steps" in e) parts.push(`running ${e.running}`, `steps ${e.steps}`);
   } else if (e.error) {

@@ -1,0 +1,211 @@
+"""Predicted wait: each engine's cost model, from live state only.
+
+The engine thread measures what it runs and feeds a `WidthClock` (a running median of seconds,
+per batch width); request threads read the clocks and the workload to predict,
+for a request of N prompts of M tokens, when its first prompt starts (queue), when its first
+token comes (TTFT) and when its last prompt ends (total):
+
+- static: the rounds ahead of it (the rest of the running round, then what is queued and its own
+  prompts, packed BATCH_SIZE at a time as `Workload.next_batch` packs them), each costing
+  prefill(w) + (m - 1) * step(w) for its width w and its longest max_tokens m;
+- vLLM: a slot (max_num_seqs) frees when a running sequence has made its max_tokens; the
+  sequences waiting take the freed slots first come first served, each holding its slot for its
+  own max_tokens steps; a step costs step(w) at the engine's width w, and the step that admits a
+  sequence prefills it, prefill(w).
+
+Rows that stop early (EOS, a stop string) make both a little pessimistic. Until a clock has a
+measurement, the prediction is unknown (None), never a made-up constant.
+
+One writer per clock (its engine's thread): each write replaces the mapping, so a reader takes
+one immutable snapshot and never sees a half-updated one.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import statistics
+import time
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+from types import MappingProxyType
+
+WINDOW = 5  # measurements kept per width
+
+
+@dataclass(frozen=True)
+class Work:
+    """What the cost model needs of one sequence."""
+
+    max_tokens: int
+    solo: bool = False
+    produced: int = 0  # tokens so far (running ones)
+    started_at: float | None = None  # time.monotonic() when its round or step began
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Seconds from now; None: unknown (nothing measured yet). `ahead`: sequences queued or
+    running before it."""
+
+    queue_s: float | None
+    ttft_s: float | None
+    total_s: float | None
+    ahead: int
+
+    @property
+    def known(self) -> bool:
+        return self.ttft_s is not None
+
+    @property
+    def retry_after_s(self) -> int:
+        """When the work ahead of it should be done: its predicted queue time, rounded up."""
+        return max(1, math.ceil(self.queue_s or 0.0))
+
+    def shown(self) -> dict:
+        """Milliseconds, as /load, /health and error bodies show it (null: unknown)."""
+
+        def ms(s: float | None):
+            return None if s is None else round(s * 1000, 1)
+
+        return {
+            "queue_ms": ms(self.queue_s),
+            "ttft_ms": ms(self.ttft_s),
+            "total_ms": ms(self.total_s),
+            "ahead": self.ahead,
+        }
+
+
+class WidthClock:
+    """Seconds by batch width: the low median of the last WINDOW measurements at each width.
+    A median, not a running mean, because a process's first rounds at a new shape can be many
+    times slower than the rest (allocator and kernel set-up, a starved CPU): one such outlier is
+    outvoted by the next normal round (the low median of two is the smaller), and the estimate
+    still follows a change of load within WINDOW // 2 + 1 rounds."""
+
+    def __init__(self) -> None:
+        self._by_width: MappingProxyType[int, tuple[float, ...]] = MappingProxyType({})
+
+    def observe(self, width: int, seconds: float) -> None:
+        """The engine thread only."""
+        by_width = dict(self._by_width)
+        by_width[width] = (*by_width.get(width, ())[-(WINDOW - 1) :], seconds)
+        self._by_width = MappingProxyType(by_width)
+
+    def at(self, width: int) -> float | None:
+        """The estimate at `width`, else at the nearest width measured (the wider on a tie)."""
+        snapshot = self._by_width
+        if not snapshot:
+            return None
+        if width not in snapshot:
+            width = min(snapshot, key=lambda w: (abs(w - width), -w))
+        return statistics.median_low(snapshot[width])
+
+    def shown(self) -> dict[str, float]:
+        return {str(w): round(statistics.median_low(s) * 1000, 2) for w, s in sorted(self._by_width.items())}
+
+
+class StaticCost:
+    """A round of width w, m steps: prefill(w) + (m - 1) * step(w)."""
+
+    def __init__(self, batch_size: int, wait_s: float):
+        self.batch_size, self.wait_s = batch_size, wait_s
+        self.prefill, self.step = WidthClock(), WidthClock()
+
+    def observe(self, width: int, prefill_s: float, steps: int, seconds: float) -> None:
+        """A round ran: `prefill_s` until its first token, `steps` tokens in its longest row,
+        `seconds` in all (the engine thread)."""
+        self.prefill.observe(width, prefill_s)
+        if steps > 1:
+            self.step.observe(width, max(0.0, seconds - prefill_s) / (steps - 1))
+
+    def shown(self) -> dict:
+        return {"prefill_ms": self.prefill.shown(), "step_ms": self.step.shown()}
+
+    def _round_s(self, width: int, steps: int) -> float | None:
+        prefill, step = self.prefill.at(width), self.step.at(width)
+        if prefill is None or (step is None and steps > 1):
+            return None
+        return prefill + (steps - 1) * (step or 0.0)
+
+    def _running_s(self, running: Seq[Work], now: float) -> float | None:
+        """What is left of the round taken now (0 if none)."""
+        if not running:
+            return 0.0
+        width, steps = len(running), max(w.max_tokens for w in running)
+        produced = max(w.produced for w in running)
+        started = min((w.started_at for w in running if w.started_at is not None), default=None)
+        step = self.step.at(width)
+        if started is None or produced == 0:  # not begun (held, or waiting for latecomers), or prefilling
+            whole = self._round_s(width, steps)
+            spent = 0.0 if started is None else now - started
+            return None if whole is None else max(0.0, whole - spent)
+        return None if step is None else (steps - produced) * step
+
+    def _rounds(self, work: Seq[Work]) -> list[list[int]]:
+        """Indices of `work`, packed into rounds as next_batch packs them."""
+        rounds: list[list[int]] = []
+        for i, w in enumerate(work):
+            last = rounds[-1] if rounds else None
+            if last is None or len(last) >= self.batch_size or w.solo or work[last[0]].solo:
+                rounds.append([i])
+            else:
+                last.append(i)
+        return rounds
+
+    def predict(self, running: Seq[Work], queued: Seq[Work], new: Seq[Work]) -> Prediction:
+        ahead = len(running) + len(queued)
+        t = self._running_s(running, time.monotonic())
+        if t is None or not new:
+            return Prediction(None, None, None, ahead)
+        work, first = [*queued, *new], len(queued)
+        queue_s = ttft = None
+        for indices in self._rounds(work):
+            width, steps = len(indices), max(work[i].max_tokens for i in indices)
+            begins = t + (0.0 if width >= self.batch_size or work[indices[0]].solo else self.wait_s)
+            cost, prefill = self._round_s(width, steps), self.prefill.at(width)
+            if cost is None or prefill is None:
+                return Prediction(None, None, None, ahead)
+            t = begins + cost
+            if queue_s is None and indices[-1] >= first:
+                queue_s, ttft = begins, begins + prefill
+        return Prediction(queue_s, ttft, t, ahead)
+
+
+class VLLMCost:
+    """Steps of the engine at width w: step(w) to decode, prefill(w) for a step that admits."""
+
+    def __init__(self, max_num_seqs: int):
+        self.max_num_seqs = max_num_seqs
+        self.prefill, self.step = WidthClock(), WidthClock()
+
+    def observe(self, width: int, seconds: float, *, admitted: bool) -> None:
+        """One engine step of `width` sequences; `admitted`: new ones joined at it."""
+        (self.prefill if admitted else self.step).observe(width, seconds)
+
+    def shown(self) -> dict:
+        return {"prefill_ms": self.prefill.shown(), "step_ms": self.step.shown()}
+
+    def predict(self, running: Seq[Work], queued: Seq[Work], new: Seq[Work]) -> Prediction:
+        ahead = len(running) + len(queued)
+        width = min(self.max_num_seqs, ahead + len(new))
+        step, prefill = self.step.at(width), self.prefill.at(width)
+        if not new or prefill is None or (step is None and (running or max(w.max_tokens for w in new) > 1)):
+            return Prediction(None, None, None, ahead)
+        step = step or 0.0
+        # each slot's step at which it is free, running ones after their remaining tokens
+        slots = [max(0, w.max_tokens - w.produced) for w in running]
+        slots += [0] * max(0, self.max_num_seqs - len(slots))
+        heapq.heapify(slots)
+        joins = []
+        for w in [*queued, *new]:
+            begins = heapq.heappop(slots)
+            heapq.heappush(slots, begins + w.max_tokens)
+            joins.append(begins)
+        mine = list(zip(joins[len(queued) :], new, strict=True))
+        # with something running, a new sequence first waits out the step in progress: half of one
+        # on average (the engine thread admits between steps)
+        behind = step / 2 if running else 0.0
+        queue_s = behind + min(begins for begins, _ in mine) * step
+        total = behind + max(begins * step + prefill + (w.max_tokens - 1) * step for begins, w in mine)
+        return Prediction(queue_s, queue_s + prefill, total, ahead)

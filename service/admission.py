@@ -1,0 +1,60 @@
+"""How long a request is willing to wait for its first token: the `X-Max-Queue-Ms` header on
+every generate route, or `max_queue_ms` in the body of the demo and OpenAI routes (both given:
+the stricter). The engine refuses it at once (429 `wait_too_long`, Retry-After) when its
+predicted time to first token is longer (batcher/engine.py `submit`), and, with or without
+one, when its predicted completion is longer than REQUEST_TIMEOUT_S."""
+
+from __future__ import annotations
+
+import math
+
+from flask import request
+
+from batcher.predict import Prediction
+from service.errors import ApiError
+
+HEADER = "X-Max-Queue-Ms"
+FIELD = "max_queue_ms"
+
+
+class InvalidDeadline(ApiError):
+    status, type = 400, "invalid_request"
+
+
+def _header_milliseconds(text: str) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise InvalidDeadline(f"'{HEADER}' must be a number of milliseconds, got {text!r}", param=HEADER) from None
+    return _milliseconds(value, HEADER)
+
+
+def _milliseconds(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):  # a JSON string is not a number
+        raise InvalidDeadline(f"'{name}' must be a number of milliseconds, got {value!r}", param=name)
+    if not math.isfinite(value) or value < 0:
+        raise InvalidDeadline(f"'{name}' must be a finite number >= 0, got {value!r}", param=name)
+    return float(value)
+
+
+def max_ttft_s() -> float | None:
+    """The current request's deadline for its first token in seconds, None without one. The
+    body is the one the view parsed already (Flask caches it); a GET has none."""
+    limits = []
+    if HEADER in request.headers:
+        limits.append(_header_milliseconds(request.headers[HEADER]))
+    body = request.get_json(force=True, silent=True) if request.method == "POST" else None
+    if isinstance(body, dict) and body.get(FIELD) is not None:
+        limits.append(_milliseconds(body[FIELD], FIELD))
+    return min(limits) / 1000 if limits else None
+
+
+def headers(prediction: Prediction) -> dict[str, str]:
+    """What the engine predicted at admission, in seconds: `x-predicted-wait` until the request's
+    first prompt starts (what `x-queue-time` measures), `x-predicted-ttft` until its first token;
+    "unknown" before the engine has measured anything."""
+
+    def seconds(value: float | None) -> str:
+        return "unknown" if value is None else f"{value:.4f}"
+
+    return {"x-predicted-wait": seconds(prediction.queue_s), "x-predicted-ttft": seconds(prediction.ttft_s)}

@@ -1,0 +1,58 @@
+"""The cost models of batcher/predict.py on measurements fed by hand (no engine needed)."""
+
+import time
+
+import pytest
+
+from batcher.predict import StaticCost, VLLMCost, WidthClock, Work
+
+
+def test_a_clock_knows_nothing_until_fed_then_follows_the_nearest_width():
+    clock = WidthClock()
+    assert clock.at(4) is None
+    clock.observe(1, 0.10)
+    clock.observe(4, 60.0)  # a cold first round
+    clock.observe(4, 0.30)
+    assert clock.at(4) == 0.30  # outvoted at once
+    for seconds in (0.5, 0.5, 0.5):  # the load changed: three rounds follow it
+        clock.observe(4, seconds)
+    assert clock.at(4) == 0.5
+    assert clock.at(3) == clock.at(4) and clock.at(2) == clock.at(1)  # the nearest width measured
+
+
+def test_static_is_unknown_cold_then_counts_the_rounds_ahead():
+    cost = StaticCost(batch_size=4, wait_s=0.0)
+    assert not cost.predict([], [], [Work(10)]).known
+    cost.observe(4, prefill_s=0.1, steps=11, seconds=1.1)  # 10 steps of 0.1 s after the prefill
+    cost.observe(1, prefill_s=0.1, steps=11, seconds=1.1)
+    alone = cost.predict([], [], [Work(10)])
+    assert (alone.queue_s, alone.ttft_s, alone.total_s) == pytest.approx((0.0, 0.1, 1.0))
+    # eight queued ahead: two full rounds of 10 tokens first
+    behind = cost.predict([], [Work(10)] * 8, [Work(10)])
+    assert behind.queue_s == pytest.approx(2.0) and behind.ahead == 8 and behind.retry_after_s == 2
+    # its own six prompts: rounds of four and two
+    six = cost.predict([], [], [Work(10)] * 6)
+    assert six.ttft_s == pytest.approx(0.1) and six.total_s == pytest.approx(2.0)
+
+
+def test_static_counts_what_is_left_of_the_running_round_and_a_solo_round():
+    cost = StaticCost(batch_size=4, wait_s=0.0)
+    cost.observe(1, prefill_s=0.1, steps=11, seconds=1.1)
+    running = [Work(10, produced=6, started_at=time.monotonic())]  # 4 steps left
+    assert cost.predict(running, [], [Work(10)]).queue_s == pytest.approx(0.4)
+    solo = cost.predict([], [Work(10), Work(10, solo=True)], [Work(10)])
+    assert solo.queue_s == pytest.approx(2.0)  # the solo prompt has a round of its own
+
+
+def test_vllm_joins_at_once_with_room_and_waits_for_a_slot_without():
+    cost = VLLMCost(max_num_seqs=2)
+    assert not cost.predict([], [], [Work(5)]).known
+    cost.observe(2, 0.05, admitted=True)
+    cost.observe(2, 0.01, admitted=False)
+    idle = cost.predict([], [], [Work(5)])
+    assert (idle.queue_s, idle.ttft_s) == pytest.approx((0.0, 0.05))
+    room = cost.predict([Work(5, produced=1)], [], [Work(5)])  # behind half the step in progress
+    assert (room.queue_s, room.ttft_s) == pytest.approx((0.005, 0.055))
+    full = cost.predict([Work(5, produced=1), Work(10, produced=2)], [], [Work(5)])
+    assert full.queue_s == pytest.approx(0.005 + 4 * 0.01)  # the first slot frees after 4 more steps
+    assert full.total_s == pytest.approx(0.045 + 0.05 + 4 * 0.01)
