@@ -96,6 +96,18 @@ def short_timeout(app):
 
 
 @pytest.fixture
+def unpredicted(vllm_app, monkeypatch):
+    """Both engines' predictions unknown for one test, so that admission lets every request in
+    (an unknown prediction refuses nothing, batcher/engine.py): for tests of what happens after
+    admission (a deadline that passes in the queue), which must not hang on how fast this CPU
+    ran the rounds measured before them."""
+    from batcher.predict import Prediction
+
+    for engine in vllm_app.extensions["engines"].values():
+        monkeypatch.setattr(engine, "predict", lambda new: Prediction(None, None, None, 0))
+
+
+@pytest.fixture
 def held_rounds(app):
     """The fence the static engine takes around each round's model calls (batcher/fence.py), held
     by the test: a round that was taken waits on it, and what arrives meanwhile queues up, until

@@ -374,3 +374,13 @@ def test_a_failed_round_is_a_500_and_a_hopeless_deadline_a_429_as_the_sdks_excep
     assert int(late.value.response.headers["Retry-After"]) >= 1
     short_timeout(120)
     assert in_process.completions.create(model=MODEL, prompt=PARIS, max_tokens=2, temperature=0).choices[0].text
+
+
+@BASES
+def test_a_deadline_passed_after_admission_is_a_504_as_the_sdks_exception(
+    vllm_app, in_process, base, short_timeout, unpredicted
+):
+    short_timeout(0.000001)  # admitted (no prediction); no round ends within a microsecond
+    with pytest.raises(openai.InternalServerError) as late:
+        in_process.completions.create(model=MODEL, prompt=PARIS, max_tokens=50)
+    assert late.value.status_code == 504 and late.value.body["code"] == "deadline_exceeded"

@@ -56,10 +56,11 @@ def test_two_concurrent_streams_keep_their_own_texts_and_ids(vllm_app, path):
 
 
 @pytest.mark.parametrize("details", [False, True])
-def test_an_error_before_the_first_token_is_a_plain_json_error(app, client, short_timeout, held_rounds, details):
-    short_timeout(1.0)  # the round is held until the test releases it: no token can come first
-    # (a few tokens: predicted to finish within the deadline, so admitted; see test_admission.py)
-    r = post(client, "/generate_stream", {"prompt": "Hello", "max_tokens": 3, "details": details})
+def test_an_error_before_the_first_token_is_a_plain_json_error(
+    app, client, short_timeout, held_rounds, unpredicted, details
+):
+    short_timeout(0.5)  # admitted (no prediction), the round held until the test releases it: no token can come first
+    r = post(client, "/generate_stream", {"prompt": "Hello", "max_tokens": 50, "details": details})
     assert r.status_code == 504 and r.json["type"] == "deadline_exceeded"
     held_rounds()
     engine = app.extensions["engines"]["static"]

@@ -64,7 +64,7 @@ def test_sixteen_concurrent_requests_each_get_their_own_text(vllm_app):
     assert len({r["text"] for r in replies.values()}) > 1
 
 
-def test_a_timed_out_request_is_aborted_in_the_engine(vllm_app, vllm_client, short_timeout, monkeypatch):
+def test_a_timed_out_request_is_aborted_in_the_engine(vllm_app, vllm_client, short_timeout, unpredicted, monkeypatch):
     engine, gate = vllm_app.extensions["engines"]["vllm"], threading.Event()
     real_step = engine.engine.step
 
@@ -73,11 +73,9 @@ def test_a_timed_out_request_is_aborted_in_the_engine(vllm_app, vllm_client, sho
         return real_step()
 
     monkeypatch.setattr(engine.engine, "step", held_step)
-    short_timeout(5.0)  # no step can run before the deadline
+    short_timeout(2.0)  # admitted (no prediction); no step can run before the deadline
     replies = []
-    # a few tokens: predicted to finish within the deadline, so admitted (a request predicted to
-    # take longer is a 429 at once, tests/test_admission.py)
-    body = {"prompts": ["Tell me a long story about"] * 4, "max_tokens": 8}
+    body = {"prompts": ["Tell me a long story about"] * 4, "max_tokens": 400}
     request = threading.Thread(target=lambda: replies.append(post(vllm_app.test_client(), "/generate_vllm", body)))
     request.start()
     wait_until(lambda: engine.unfinished() == 4, 60, "the four prompts to be in the engine")
