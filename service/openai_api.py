@@ -101,6 +101,8 @@ def _respond(
     with `stream`. Choices are grouped per prompt: prompt p's i-th completion has index p*n + i.
     `echoed`: what the request's `echo` puts before each choice."""
     stream, include_usage, continuous = _stream_options(body)
+    if stream and schema.flag(body, "details"):  # the batching object rides on whole replies only
+        raise InvalidRequest("'details' is not supported with 'stream': true", param="details")
     config = _config()
     params = parse_sampling(body, config, default_temperature=1.0, max_tokens_key=max_tokens_key)  # OpenAI's
     echo_asks = echoed.prompt_logprobs(params.logprobs) if echoed is not None else None

@@ -217,3 +217,10 @@ def test_a_body_nested_5000_deep_is_a_400_like_bad_json_and_the_engines_keep_run
     nothing_held(server)
     assert sdk.completions.create(model=MODEL, prompt=PARIS, max_tokens=2, temperature=0).choices[0].text
     assert "Traceback" not in server.log_text()
+
+
+@BASES
+def test_details_with_stream_is_a_400_naming_it_not_a_silent_drop(sdk):
+    with pytest.raises(openai.BadRequestError) as bad:
+        sdk.completions.create(model=MODEL, prompt="Hi", max_tokens=2, stream=True, extra_body={"details": True})
+    assert bad.value.body["param"] == "details"
