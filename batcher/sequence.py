@@ -165,6 +165,7 @@ class Sequence:
     entered: threading.Event = field(default_factory=threading.Event, repr=False)
     _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
     _covered: int = field(default=0, repr=False)  # logprob records already handed out with a piece
+    _pieced: int = field(default=0, repr=False)  # tokens already handed out with a piece
 
     @property
     def stream(self) -> bool:
@@ -213,13 +214,19 @@ class Sequence:
 
     def add_text(self, delta: str) -> None:
         """The next piece of the completion; a streamed sequence hands it out at once, with the
-        records of the tokens added since the last piece."""
-        if not delta:
+        records of the tokens added since the last piece. The first token makes a piece even if
+        its text is held back (the detokenizer waiting for the rest of a character or word, a
+        possible stop string): an empty one, as vLLM's server sends a chunk for it, so that a
+        stream's first event comes with its first token, which is what its time to first token
+        measures (vLLM's detokenizer holds back the first token of about half the bench's
+        prompts, which then came a whole step late)."""
+        if not delta and (self._pieced or not self.token_ids):
             return
         self.text += delta
         if self.pieces is not None:
             records, self._covered = tuple(self.logprobs[self._covered :]), len(self.logprobs)
-            self.pieces.put((self, Piece(delta, records, len(self.token_ids))))
+            self._pieced = len(self.token_ids)
+            self.pieces.put((self, Piece(delta, records, self._pieced)))
 
     def finish(self, reason: str) -> None:
         """Done with what it was given: `text` is the completion."""
