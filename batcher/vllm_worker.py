@@ -121,19 +121,23 @@ class VLLMWorker(EngineThread):
 
     def _serve(self) -> None:
         while not self.lifecycle.stopping.is_set():
-            self._admit()
+            began = self._admit()
             self._abort_cancelled()
             if self.workload.running():
-                self._step()
+                self._step(began)
             self._note_if_drained()
         self._shutdown()
 
-    def _admit(self) -> None:
+    def _admit(self) -> float:
+        """Add what waits (up to the free slots) to the engine. Returns when this turn of the loop
+        had its work in hand (after the wait, if it waited for any): the start of what the step's
+        clock measures."""
         room = self.settings.max_num_seqs - self.workload.running()
         if room <= 0:
-            return
+            return time.perf_counter()
         # Block only when nothing is being decoded; otherwise take what waits now and step on.
         new = self.workload.next_batch(room, idle_timeout=0 if self.workload.running() else None)
+        began = time.perf_counter()
         admitted = []
         for seq in new:
             try:
@@ -155,6 +159,7 @@ class VLLMWorker(EngineThread):
         self._admitted = self._admitted or bool(admitted)
         for ahead, seq in enumerate(admitted):  # joins the running ones at the next step
             seq.start(f"step-{self.steps + 1}", self.workload.running(), None, prefilled_ahead=ahead)
+        return began
 
     def _abort_cancelled(self) -> None:
         cancelled = [seq for seq in self.workload.taken() if seq.cancelled]
@@ -165,14 +170,16 @@ class VLLMWorker(EngineThread):
             self.workload.release(seq)
             seq.finish("cancelled")
 
-    def _step(self) -> None:
+    def _step(self, began: float) -> None:
+        """One engine step, and its outputs handed to their sequences. The cost model's clock
+        times the whole turn of the loop from `began` (admitting, the step, the outputs): what a
+        request arriving now waits for, not the step alone."""
         self.steps += 1
-        width, admitted, began = self.workload.running(), self._admitted, time.perf_counter()
+        width, admitted = self.workload.running(), self._admitted
         self._admitted = False
         try:
             with fence.model_work():  # never while the static engine compiles (fence.py)
                 outputs = self.engine.step()
-            self.cost.observe(width, time.perf_counter() - began, admitted=admitted)
         except Exception as exc:  # fail what was in the engine; the thread lives on
             log.exception("vLLM step %d failed", self.steps)
             failed = self.workload.taken()
@@ -201,6 +208,7 @@ class VLLMWorker(EngineThread):
                 self.workload.release(seq)
                 seq.finish(completion.finish_reason or "length")
                 self._finished(seq)
+        self.cost.observe(width, time.perf_counter() - began, admitted=admitted)
 
     def _abort_quietly(self, seqs: list[Sequence], when: str) -> None:
         """Abort in the engine, where the sequences are resolved anyway: a failure to abort must
