@@ -11,7 +11,7 @@ import time
 from batcher.errors import InvalidParams, ShuttingDown, WaitTooLong
 from batcher.lifecycle import Lifecycle
 from batcher.metrics import Metrics
-from batcher.predict import Prediction, StaticCost, VLLMCost, Work
+from batcher.predict import Calibration, Prediction, StaticCost, VLLMCost, Work
 from batcher.sequence import Sequence
 from batcher.workload import Workload
 
@@ -34,6 +34,7 @@ class EngineThread:
         self.lifecycle = Lifecycle(self.name, enabled=enabled, why_disabled=why_disabled)
         self.load_seconds: float | None = None
         self.vocab_size: int | None = None  # set by _load(): token ids a request may name
+        self.calibration = Calibration()  # how the cost model's last predictions came out (_finished)
         self._thread = threading.Thread(target=self._main, name=f"{self.name}-engine-thread", daemon=True)
 
     # the lifecycle's state, as the service and the tests read it
@@ -79,8 +80,9 @@ class EngineThread:
         self, seqs: list[Sequence], *, max_ttft_s: float | None = None, max_total_s: float | None = None
     ) -> Prediction:
         """Enqueue all of `seqs` or none (QueueFull, WaitTooLong); the caller waits on each
-        `seq.done`. Refused (WaitTooLong) if the predicted time to the first token exceeds
-        `max_ttft_s` or the predicted completion `max_total_s`; an unknown prediction admits.
+        `seq.done`. Refused (WaitTooLong) if the predicted time to the first token (its 90th
+        percentile) exceeds `max_ttft_s` or the predicted completion `max_total_s`; an unknown
+        prediction admits.
         The prediction and the enqueue are one step under the lifecycle's lock, so two requests
         never both count on the same free room. Returns the prediction (also on each sequence)."""
         with self.lifecycle.admitting():
@@ -94,10 +96,11 @@ class EngineThread:
         return prediction
 
     def predict(self, new: list[Work]) -> Prediction:
-        """When `new` would start, see its first token and end if it were enqueued now."""
+        """When `new` would start, see its first token and end if it were enqueued now: the cost
+        model's prediction, calibrated by how its last ones came out."""
         running = [work(seq) for seq in self.workload.taken()]
         queued = [work(seq) for seq in self.workload.queued() if not seq.cancelled]
-        return self.cost.predict(running, queued, new)
+        return self.calibration.apply(self.cost.predict(running, queued, new))
 
     def begin_drain(self) -> None:
         """Refuse new work (ShuttingDown), let what is queued or taken finish. Non-blocking and
@@ -157,7 +160,7 @@ class EngineThread:
             "prompts": prompts,
             "max_tokens": max_tokens,
             **(prediction or Prediction(None, None, None, self.inflight())).shown(),
-            "estimates": self.cost.shown(),
+            "estimates": {**self.cost.shown(), "calibration": self.calibration.shown()},
         }
 
     def health(self) -> dict:
@@ -200,9 +203,12 @@ class EngineThread:
         self.lifecycle.note_drained(self.inflight)
 
     def _finished(self, seq: Sequence) -> None:
-        """Engine thread, after `seq.finish()`: the metrics of a sequence that ran."""
+        """Engine thread, after `seq.finish()`: the metrics of a sequence that ran, and how its
+        predicted first token came out."""
         if seq.error is None and seq.finish_reason != "cancelled":
             self.metrics.finished(self.name, seq)
+        if seq.predicted is not None and seq.ttft_s is not None:  # a cancelled row's first token counts too
+            self.calibration.observe(seq.predicted.model_ttft_s, seq.ttft_s)
 
     def _fail_waiting(self, message: str) -> None:
         for seq in self.workload.drain():
@@ -227,8 +233,9 @@ def work(seq: Sequence) -> Work:
 def _admit(engine: str, prediction: Prediction, max_ttft_s: float | None, max_total_s: float | None) -> None:
     if not prediction.known:
         return
-    if max_ttft_s is not None and prediction.ttft_s > max_ttft_s:
-        message = f"predicted time to first token {prediction.ttft_s * 1000:.0f} ms on the {engine} engine"
+    if max_ttft_s is not None and prediction.ttft_p90_s > max_ttft_s:
+        message = f"predicted time to first token {prediction.ttft_p90_s * 1000:.0f} ms (90th percentile)"
+        message += f" on the {engine} engine"
         raise WaitTooLong(f"{message} exceeds the deadline of {max_ttft_s * 1000:g} ms", prediction=prediction)
     if max_total_s is not None and prediction.total_s > max_total_s:
         message = f"predicted completion in {prediction.total_s:.1f}s on the {engine} engine"

@@ -11,10 +11,18 @@ token comes (TTFT) and when its last prompt ends (total):
 - vLLM: a slot (max_num_seqs) frees when a running sequence has made its max_tokens; the
   sequences waiting take the freed slots first come first served, each holding its slot for its
   own max_tokens steps; a step costs step(w) at the engine's width w, and the step that admits a
-  sequence prefills it, prefill(w).
+  sequence prefills it, prefill(w). Both are timed as whole turns of the engine thread's loop
+  (adding the new requests, the step, handing out its tokens), which is what a newcomer waits for.
 
 Rows that stop early (EOS, a stop string) make both a little pessimistic. Until a clock has a
 measurement, the prediction is unknown (None), never a made-up constant.
+
+What the model leaves out (the request thread's own work before and after the engine, the GIL
+shared with the engine thread, a step that prefills more than one prompt) shows in how its last
+predictions compared with what happened: `Calibration` keeps measured / predicted time to first
+token of the last CALIBRATION_WINDOW sequences. A prediction is scaled by that ratio's median
+(`ttft_s`, what the headers and /load show) and by its 90th percentile (`ttft_p90_s`: by then,
+about nine in ten first tokens have come), which is what admission holds against a deadline.
 
 One writer per clock (its engine's thread): each write replaces the mapping, so a reader takes
 one immutable snapshot and never sees a half-updated one.
@@ -31,6 +39,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 WINDOW = 5  # measurements kept per width
+CALIBRATION_WINDOW = 32  # sequences whose measured / predicted TTFT calibrates the next predictions
+CALIBRATION_MIN = 8  # fewer than this: no calibration (ratio 1)
 
 
 @dataclass(frozen=True)
@@ -46,12 +56,16 @@ class Work:
 @dataclass(frozen=True)
 class Prediction:
     """Seconds from now; None: unknown (nothing measured yet). `ahead`: sequences queued or
-    running before it."""
+    running before it. `ttft_p90_s`: the first token by then in about nine cases of ten (the
+    calibration's 90th percentile; admission's bound). `model_ttft_s`: the cost model's own,
+    before calibration (what the calibration learns from)."""
 
     queue_s: float | None
     ttft_s: float | None
     total_s: float | None
     ahead: int
+    ttft_p90_s: float | None = None
+    model_ttft_s: float | None = None
 
     @property
     def known(self) -> bool:
@@ -71,9 +85,51 @@ class Prediction:
         return {
             "queue_ms": ms(self.queue_s),
             "ttft_ms": ms(self.ttft_s),
+            "ttft_p90_ms": ms(self.ttft_p90_s),
             "total_ms": ms(self.total_s),
             "ahead": self.ahead,
         }
+
+
+class Calibration:
+    """Measured / predicted time to first token of the last CALIBRATION_WINDOW sequences, and
+    predictions scaled by it. One writer (the engine thread, as each sequence finishes), an
+    immutable tuple for readers, as in WidthClock."""
+
+    def __init__(self) -> None:
+        self._ratios: tuple[float, ...] = ()
+
+    def observe(self, predicted_s: float | None, measured_s: float | None) -> None:
+        """The engine thread only: a sequence's cost-model TTFT and the one it had."""
+        if predicted_s and measured_s and predicted_s > 0 and measured_s > 0:
+            self._ratios = (*self._ratios[-(CALIBRATION_WINDOW - 1) :], measured_s / predicted_s)
+
+    def factor(self, q: float) -> float:
+        """The q-quantile of the ratios (nearest rank); 1 until CALIBRATION_MIN are measured."""
+        ratios = sorted(self._ratios)
+        if len(ratios) < CALIBRATION_MIN:
+            return 1.0
+        return ratios[max(0, math.ceil(q * len(ratios)) - 1)]
+
+    def apply(self, model: Prediction) -> Prediction:
+        if not model.known:
+            return model
+        p50, p90 = self.factor(0.5), self.factor(0.9)
+
+        def scaled(seconds: float | None) -> float | None:
+            return None if seconds is None else seconds * p50
+
+        return Prediction(
+            scaled(model.queue_s),
+            scaled(model.ttft_s),
+            scaled(model.total_s),
+            model.ahead,
+            ttft_p90_s=model.ttft_s * p90,
+            model_ttft_s=model.ttft_s,
+        )
+
+    def shown(self) -> dict:
+        return {"sequences": len(self._ratios), "p50": round(self.factor(0.5), 3), "p90": round(self.factor(0.9), 3)}
 
 
 class WidthClock:
