@@ -97,7 +97,7 @@ class EngineThread:
 
     def predict(self, new: list[Work]) -> Prediction:
         """When `new` would start, see its first token and end if it were enqueued now: the cost
-        model's prediction, calibrated by how its last ones came out."""
+        model's prediction, with the bound that how its last ones came out puts on it."""
         running = [work(seq) for seq in self.workload.taken()]
         queued = [work(seq) for seq in self.workload.queued() if not seq.cancelled]
         return self.calibration.apply(self.cost.predict(running, queued, new))
@@ -208,7 +208,7 @@ class EngineThread:
         if seq.error is None and seq.finish_reason != "cancelled":
             self.metrics.finished(self.name, seq)
         if seq.predicted is not None and seq.ttft_s is not None:  # a cancelled row's first token counts too
-            self.calibration.observe(seq.predicted.model_ttft_s, seq.ttft_s)
+            self.calibration.observe(seq.predicted.ttft_s, seq.ttft_s)
 
     def _fail_waiting(self, message: str) -> None:
         for seq in self.workload.drain():

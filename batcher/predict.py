@@ -18,18 +18,16 @@ Rows that stop early (EOS, a stop string) make both a little pessimistic. Until 
 measurement, the prediction is unknown (None), never a made-up constant.
 
 What the model leaves out (the request thread's own work before and after the engine, the GIL
-shared with the engine thread, a step that prefills more than one prompt) shows in how its last
-predictions compared with what happened: `Calibration` keeps measured / predicted time to first
-token of the last CALIBRATION_WINDOW sequences. A prediction is scaled by that ratio's median
-(`ttft_s`, what the headers and /load show) and by its 90th percentile (`ttft_p90_s`: by then,
-about nine in ten first tokens have come), which is what admission holds against a deadline.
-
-One writer per clock (its engine's thread): each write replaces the mapping, so a reader takes
-one immutable snapshot and never sees a half-updated one.
+shared with the engine thread, a load that changed since the clocks last ran) shows in how its
+last predictions came out: `Calibration` keeps measured / predicted time to first token of the
+last CALIBRATION_WINDOW sequences, and `ttft_p90_s` is the prediction times that ratio's 90th
+percentile: by then about nine in ten first tokens have come. The headers and /load show the
+cost model's own prediction; admission holds `ttft_p90_s` against a deadline.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 import statistics
@@ -57,15 +55,13 @@ class Work:
 class Prediction:
     """Seconds from now; None: unknown (nothing measured yet). `ahead`: sequences queued or
     running before it. `ttft_p90_s`: the first token by then in about nine cases of ten (the
-    calibration's 90th percentile; admission's bound). `model_ttft_s`: the cost model's own,
-    before calibration (what the calibration learns from)."""
+    calibration's 90th percentile; what admission holds against a deadline)."""
 
     queue_s: float | None
     ttft_s: float | None
     total_s: float | None
     ahead: int
     ttft_p90_s: float | None = None
-    model_ttft_s: float | None = None
 
     @property
     def known(self) -> bool:
@@ -93,7 +89,7 @@ class Prediction:
 
 class Calibration:
     """Measured / predicted time to first token of the last CALIBRATION_WINDOW sequences, and
-    predictions scaled by it. One writer (the engine thread, as each sequence finishes), an
+    the bound it puts on a prediction. One writer (the engine thread, as each sequence finishes), an
     immutable tuple for readers, as in WidthClock."""
 
     def __init__(self) -> None:
@@ -112,21 +108,10 @@ class Calibration:
         return ratios[max(0, math.ceil(q * len(ratios)) - 1)]
 
     def apply(self, model: Prediction) -> Prediction:
+        """The cost model's prediction with its 90th-percentile bound."""
         if not model.known:
             return model
-        p50, p90 = self.factor(0.5), self.factor(0.9)
-
-        def scaled(seconds: float | None) -> float | None:
-            return None if seconds is None else seconds * p50
-
-        return Prediction(
-            scaled(model.queue_s),
-            scaled(model.ttft_s),
-            scaled(model.total_s),
-            model.ahead,
-            ttft_p90_s=model.ttft_s * p90,
-            model_ttft_s=model.ttft_s,
-        )
+        return dataclasses.replace(model, ttft_p90_s=model.ttft_s * self.factor(0.9))
 
     def shown(self) -> dict:
         return {"sequences": len(self._ratios), "p50": round(self.factor(0.5), 3), "p90": round(self.factor(0.9), 3)}

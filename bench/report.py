@@ -105,6 +105,7 @@ def targets(res: dict) -> list[dict]:
             wait_error[r["engine"]] = max(wait_error.get(r["engine"], 0.0), r["error p50"])
     met = [r["met (%)"] for r in res.get("wait_policies", []) if r["policy"] == "X-Max-Queue-Ms"]
     met_share = min((m / 100 for m in met if m is not None), default=None)
+    refused_in = [r["429 in, p90 (ms)"] for r in res.get("wait_policies", []) if r.get("429 in, p90 (ms)") is not None]
     checks = [
         (f"static overhead: /generate N={bs} vs direct model.generate()", _div(s4, base.get(DIRECT)), "x", None, 1.1),
         *((f"round model N={r['N']}: measured/predicted", r["measured/predicted"], "", 0.85, 1.15)
@@ -126,6 +127,7 @@ def targets(res: dict) -> list[dict]:
         ("predicted wait: median |predicted - measured| / measured TTFT, vLLM", wait_error.get("vllm"), "", None,
          0.25),
         ("admitted under 2x load with a deadline that met it (worst engine)", met_share, "", 0.9, None),
+        ("a refusal (429) answered in, p90 (worst engine)", max(refused_in, default=None), " ms", None, 100),
     ]  # fmt: skip
     rows = []
     for name, value, unit, low, high in checks:

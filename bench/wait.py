@@ -33,7 +33,11 @@ def _one(url: str, path: str, body: dict, headers: dict) -> dict:
     """A stream: its status, the seconds to its first token, and the prediction it was given."""
     started = time.perf_counter()
     resp = requests.post(url + path, json=body, headers=headers, timeout=measure.TIMEOUT_S, stream=True)
-    out = {"status": resp.status_code, "predicted_s": _seconds(resp.headers.get("x-predicted-ttft"))}
+    out = {
+        "status": resp.status_code,
+        "predicted_s": _seconds(resp.headers.get("x-predicted-ttft")),
+        "answered_s": time.perf_counter() - started,  # its status line: a refusal's whole time
+    }
     if resp.status_code == 200:
         lines = resp.iter_lines()  # one iterator: a second one would lose what the first buffered
         next(line for line in lines if line.startswith(b"data: "))
@@ -106,6 +110,7 @@ def _policy_row(engine: str, policy: str, deadline_ms: float, results: list[dict
     admitted = [r for r in results if r["status"] == 200]
     met = sum(r["ttft_s"] * 1000 <= deadline_ms for r in admitted)
     waited = sorted(r["ttft_s"] for r in admitted)
+    refusals = sorted(r["answered_s"] for r in results if r["status"] == 429)
     return {
         "engine": engine,
         "policy": policy,
@@ -116,6 +121,7 @@ def _policy_row(engine: str, policy: str, deadline_ms: float, results: list[dict
         "met (%)": round(100 * met / len(admitted)) if admitted else None,
         "other errors": len(results) - refused - len(admitted),
         "TTFT p90 of admitted (ms)": round(1000 * _p90(waited)) if waited else None,
+        "429 in, p90 (ms)": round(1000 * _p90(refusals)) if refusals else None,
     }
 
 

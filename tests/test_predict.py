@@ -67,19 +67,18 @@ def test_vllm_joins_at_once_with_room_and_waits_for_a_slot_without():
     assert full.total_s == pytest.approx(0.045 + 0.05 + 4 * 0.01)
 
 
-def test_calibration_scales_by_how_the_last_predictions_came_out():
+def test_calibration_bounds_a_prediction_by_how_the_last_ones_came_out():
     model = Prediction(0.5, 1.0, 3.0, ahead=2)
     calibration = Calibration()
     for _ in range(CALIBRATION_MIN - 1):
         calibration.observe(1.0, 2.0)
-    cold = calibration.apply(model)  # too few to learn from: the cost model's own
-    assert (cold.queue_s, cold.ttft_s, cold.total_s, cold.ttft_p90_s, cold.model_ttft_s) == (0.5, 1.0, 3.0, 1.0, 1.0)
+    assert calibration.apply(model).ttft_p90_s == 1.0  # too few to learn from: the cost model's own
     calibration.observe(1.0, 2.0)
     for _ in range(2):  # two of ten came out three times later than predicted
         calibration.observe(1.0, 3.0)
     out = calibration.apply(model)
-    assert (out.queue_s, out.ttft_s, out.total_s, out.ahead) == pytest.approx((1.0, 2.0, 6.0, 2))  # the median, 2
-    assert out.ttft_p90_s == pytest.approx(3.0) and out.model_ttft_s == 1.0  # the 90th percentile, 3
+    assert (out.queue_s, out.ttft_s, out.total_s, out.ahead) == (0.5, 1.0, 3.0, 2)  # the model's own
+    assert out.ttft_p90_s == pytest.approx(3.0)  # its bound: the 90th percentile of the ratios, 3
     assert calibration.shown() == {"sequences": 10, "p50": 2.0, "p90": 3.0}
     calibration.observe(None, 1.0)  # an unknown prediction teaches nothing
     assert calibration.shown()["sequences"] == 10
