@@ -73,7 +73,8 @@ rolling-restart:
 	PORT=$(PORT) CLUSTER_DIR=$(CLUSTER_DIR) $(PY) -m deploy.cluster rolling-restart
 
 test: setup
-	$(PY) -m pytest -q tests
+	# the 25 slowest steps close the log: where CI time goes
+	$(PY) -m pytest -q --durations=25 tests
 
 bench: setup
 	LD_PRELOAD=$(PRELOAD) $(PY) -m bench $(BENCH_ARGS)

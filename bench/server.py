@@ -50,8 +50,16 @@ class Server:
     def engine(self, name: str) -> dict:
         return self.health().get("engines", {}).get(name, {})
 
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+    def log_mark(self) -> int:
+        """Where the log ends now: `log_text(since=mark)` is what was written after it."""
+        return self.log_path.stat().st_size if self.log_path.exists() else 0
+
+    def log_text(self, since: int = 0) -> str:
+        if not self.log_path.exists():
+            return ""
+        with open(self.log_path, "rb") as log:
+            log.seek(since)
+            return log.read().decode(errors="replace")
 
     def wait_for(self, done: Callable[[dict], bool], timeout_s: float, what: str, every_s: float = 0.2) -> dict:
         """Poll /health until `done(body)`; the body; raises if the service exits or at the deadline."""

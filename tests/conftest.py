@@ -13,8 +13,15 @@ from batcher import fence
 from batcher.checkpoint import resolve_model
 from batcher.runner import Runner
 from batcher.settings import StaticSettings
+from bench.server import Server
 from service import create_app, shutdown
 from service.config import Config
+
+KEY = "test-key"  # one of the shared server's two API keys (`shared_server`)
+
+
+def auth(key: str = KEY) -> dict:
+    return {"Authorization": f"Bearer {key}"}
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
@@ -36,6 +43,29 @@ def static_settings(model_path: str, **config) -> StaticSettings:
     """The static engine's settings as the service resolves them, from Config's defaults and
     `config` (Config's field names)."""
     return Config(**config).static_engine(model_path)
+
+
+@pytest.fixture(scope="session")
+def shared_server(tmp_path_factory):
+    """One real gunicorn, both engines ready, for the modules that only send it requests
+    (test_e2e, test_openai, test_openai_fields, test_structured, test_eval): each start loads both
+    engines, a minute or more on 2 cores, so it starts once, when a module first asks, and stops
+    at the end of the session. Its settings satisfy all of them: two API keys (test_openai checks
+    that either one is taken), at most 8 prompts a request (test_openai's 413 at 9), fp32 (what
+    DTYPE auto is only on a CPU without AVX-512; test_eval compares loglikelihoods to 1e-3).
+    A test that changes a server's state or needs other settings starts its own; one that reads
+    the log or the metrics reads what its own requests added (`Server.log_mark`)."""
+    log = tmp_path_factory.mktemp("shared") / "server.log"
+    srv = Server(
+        log, {"API_KEY": f"other-key,{KEY}", "MAX_PROMPTS_PER_REQUEST": "8", "DTYPE": "float32", "THREADS": "32"}
+    )
+    try:
+        health = srv.wait_ready(900)
+        for name in ("static", "vllm"):
+            assert health["engines"][name]["status"] == "ready", (health, srv.log_text()[-3000:])
+        yield srv
+    finally:
+        srv.stop()
 
 
 @pytest.fixture(scope="session")

@@ -10,27 +10,25 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from bench.server import Server
-from tests.conftest import wait_until
+from tests.conftest import KEY, auth, wait_until
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = Server(tmp_path_factory.mktemp("gunicorn") / "server.log", {"THREADS": "32"})
-    try:
-        health = srv.wait_ready(900)
-        assert health["engines"]["vllm"]["status"] == "ready", (health, srv.log_text()[-3000:])
-        yield srv
-    finally:
-        srv.stop()
+def server(shared_server):
+    return shared_server  # tests/conftest.py: the session's gunicorn, API_KEY set
 
 
 def generate(server, path, body, **kw):
-    return requests.post(f"{server.url}{path}", json=body, timeout=300, **kw)
+    return requests.post(f"{server.url}{path}", json=body, headers=auth(), timeout=300, **kw)
+
+
+BEARER = ["-H", f"Authorization: Bearer {KEY}"]
 
 
 def curl(*args: str) -> str:
-    return subprocess.run(["curl", "-s", *args], capture_output=True, text=True, timeout=300, check=True).stdout
+    return subprocess.run(
+        ["curl", "-s", *BEARER, *args], capture_output=True, text=True, timeout=300, check=True
+    ).stdout
 
 
 def test_both_engines_start_under_gunicorn(server):
@@ -51,10 +49,11 @@ def test_curl_generate_says_paris(server):
 
 
 def test_six_prompts_run_as_rounds_of_four_and_two_in_the_log(server):
+    mark = server.log_mark()  # the server is shared: only this request's rounds
     r = generate(server, "/generate", {"prompts": [f"Prompt {c}" for c in "abcdef"], "max_tokens": 3})
     assert r.status_code == 200 and len(r.json()["generated_texts"]) == 6
-    shapes = re.findall(r"Batch input shape: torch\.Size\(\[(\d+), \d+\]\)", server.log_text())
-    assert shapes[-2:] == ["4", "2"]
+    shapes = re.findall(r"Batch input shape: torch\.Size\(\[(\d+), \d+\]\)", server.log_text(since=mark))
+    assert shapes == ["4", "2"]
 
 
 def test_concurrent_requests_on_both_paths_are_all_answered(server):
@@ -73,7 +72,7 @@ def test_curl_concurrent_requests(server):
     body = '{"prompts": ["Hello there"], "max_tokens": 3}'
     procs = [
         subprocess.Popen(
-            ["curl", "-s", f"{server.url}/generate", "-H", "Content-Type: application/json", "-d", body],
+            ["curl", "-s", *BEARER, f"{server.url}/generate", "-H", "Content-Type: application/json", "-d", body],
             stdout=subprocess.PIPE,
             text=True,
         )

@@ -24,10 +24,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from bench.server import ROOT, Server
+from bench.server import ROOT
+from tests.conftest import KEY
 
 TASKS = ROOT / "tests" / "eval"
-KEY = "eval-key"
 MODEL = "SmolLM2-135M-Instruct"
 BASES = {"vllm": "/v1", "static": "/static/v1"}
 RUNS = [(engine, tokenized) for engine in BASES for tokenized in (True, False)]
@@ -35,15 +35,8 @@ TOLERANCE = 1e-3
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    log = tmp_path_factory.mktemp("eval") / "server.log"
-    srv = Server(log, {"API_KEY": KEY, "DTYPE": "float32", "THREADS": "16"})
-    try:
-        health = srv.wait_ready(900)
-        assert health["engines"]["vllm"]["status"] == "ready", srv.log_text()[-3000:]
-        yield srv
-    finally:
-        srv.stop()
+def server(shared_server):
+    return shared_server  # tests/conftest.py: the session's gunicorn, both engines, float32, API_KEY set
 
 
 def lm_eval_command(url: str, model_path: str, tokenized: bool, output: Path) -> list[str]:
@@ -115,16 +108,24 @@ def transformers_loglikelihoods(runs, model_path) -> dict[tuple[str, str], float
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     encode = lambda text: tokenizer(text, add_special_tokens=False).input_ids  # noqa: E731
-    out = {}
+    rows = {}  # (context, continuation) -> (the whole string's ids, how many are the context's)
     for context, continuation in choice_loglikelihoods(runs["vllm", True]):
         spaces = len(context) - len(context.rstrip())
         ctx, cont = (context[:-spaces], context[-spaces:] + continuation) if spaces else (context, continuation)
-        whole, n_context = encode(ctx + cont), len(encode(ctx))
+        rows[(context, continuation)] = encode(ctx + cont), len(encode(ctx))
+    # 16 rows a forward, padded on the right: attention is causal, so no real token sees the padding
+    # after it and its logits are the row's own (64 forwards of one row took 30-110 s on a busy CPU)
+    out, pairs = {}, list(rows)
+    for start in range(0, len(pairs), 16):
+        chunk = pairs[start : start + 16]
+        width = max(len(rows[pair][0]) for pair in chunk)
+        batch = [rows[pair][0] + [tokenizer.eos_token_id] * (width - len(rows[pair][0])) for pair in chunk]
         with torch.inference_mode():
-            logits = model(torch.tensor([whole])).logits[0]  # [S, V]
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
-        # token i is predicted at position i - 1
-        out[(context, continuation)] = sum(logprobs[i - 1, whole[i]].item() for i in range(n_context, len(whole)))
+            logits = model(torch.tensor(batch)).logits  # [B, S, V]
+        for pair, row_logits in zip(chunk, logits, strict=True):
+            (whole, n_context), logprobs = rows[pair], torch.log_softmax(row_logits.float(), dim=-1)
+            # token i is predicted at position i - 1
+            out[pair] = sum(logprobs[i - 1, whole[i]].item() for i in range(n_context, len(whole)))
     return out
 
 

@@ -13,13 +13,13 @@ import httpx
 import openai
 import pytest
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoTokenizer
 
 from bench import serve_client
 from bench.server import Server
-from tests.conftest import wait_until
+from tests.conftest import KEY, auth, wait_until
 
-KEY = "test-key"
 MODEL = "SmolLM2-135M-Instruct"
 PARIS = "The capital of France is"
 DEMO_ROUTE = {"/v1": "/generate_vllm", "/static/v1": "/generate"}
@@ -34,13 +34,8 @@ def started(srv: Server, *engines: str) -> Server:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    log = tmp_path_factory.mktemp("openai") / "server.log"
-    srv = Server(log, {"API_KEY": f"other-key,{KEY}", "MAX_PROMPTS_PER_REQUEST": "8"})
-    try:
-        yield started(srv, "static", "vllm")
-    finally:
-        srv.stop()
+def server(shared_server):
+    return shared_server  # tests/conftest.py: the session's gunicorn, keys "other-key" and KEY, 8 prompts
 
 
 @pytest.fixture
@@ -60,10 +55,6 @@ def tokenizer(server):
     return AutoTokenizer.from_pretrained(
         requests.get(f"{server.url}/v1/models", headers=auth()).json()["data"][0]["root"]
     )
-
-
-def auth(key: str = KEY) -> dict:
-    return {"Authorization": f"Bearer {key}"}
 
 
 def demo_texts(server, base, prompts, max_tokens) -> list[str]:
@@ -254,7 +245,9 @@ def test_the_api_key_is_required_on_every_generate_route(server, base):
 
 
 def test_openai_requests_are_counted_and_logged_like_the_others(server):
-    # its own requests: the suite runs in a random order, so no other test's may be counted yet
+    # its own requests: the server is shared and the suite runs in a random order, so the counts
+    # must grow by these and the log must say them after this test began
+    mark, before = server.log_mark(), requests.get(f"{server.url}/metrics", timeout=30).text
     done = requests.post(
         f"{server.url}/v1/completions", json={"prompt": PARIS, "max_tokens": 1}, headers=auth(), timeout=300
     )
@@ -269,9 +262,19 @@ def test_openai_requests_are_counted_and_logged_like_the_others(server):
     )
     assert [done.status_code, chat.status_code, plain.status_code] == [200, 200, 200]
     metrics = requests.get(f"{server.url}/metrics", timeout=30).text
-    assert 'request_latency_seconds_count{endpoint="/v1/completions",status="200"}' in metrics
-    assert 'request_latency_seconds_count{endpoint="/static/v1/chat/completions",status="200"}' in metrics
-    assert "POST /static/v1/completions 200" in server.log_text()
+    for endpoint, n in (("/v1/completions", 1), ("/static/v1/chat/completions", 1), ("/static/v1/completions", 1)):
+        labels = {"endpoint": endpoint, "status": "200"}
+        assert latency_count(metrics, labels) == latency_count(before, labels) + n, endpoint
+    assert "POST /static/v1/completions 200" in server.log_text(since=mark)
+
+
+def latency_count(metrics: str, labels: dict) -> float:
+    """request_latency_seconds_count{labels} in a /metrics text; 0 where it has no sample yet."""
+    for family in text_string_to_metric_families(metrics):
+        for sample in family.samples:
+            if sample.name == "request_latency_seconds_count" and sample.labels == labels:
+                return sample.value
+    return 0
 
 
 @BASES

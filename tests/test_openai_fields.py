@@ -15,9 +15,10 @@ import requests
 
 from service import openai_fields
 from tests import test_openai
-from tests.test_openai import BASES, MODEL, PARIS, auth
+from tests.conftest import auth
+from tests.test_openai import BASES, MODEL, PARIS
 
-# its fixtures, this module's own gunicorn (both engines, API_KEY set): one start for this file
+# its fixtures, on the session's shared gunicorn (tests/conftest.py: both engines, API_KEY set)
 server, sdk, streaming_sdk = test_openai.server, test_openai.sdk, test_openai.streaming_sdk
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
@@ -183,16 +184,19 @@ def test_an_unknown_path_is_a_404_in_openais_shape(server, base, method, path):
 
 @BASES
 def test_the_request_id_is_echoed_and_logged(server, sdk, base):
+    mark = server.log_mark()  # the server is shared: what this test's requests logged
     raw = sdk.completions.with_raw_response.create(
         model=MODEL, prompt=PARIS, max_tokens=1, extra_headers={"X-Request-Id": f"eval-{base}-42"}
     )
     assert raw.headers["X-Request-Id"] == f"eval-{base}-42" and raw.parse().id.startswith("cmpl-")  # its own id
-    assert f"POST {base}/completions 200" in server.log_text()
-    assert re.search(rf"POST {base}/completions 200 \S+ request_id=eval-{re.escape(base)}-42\n", server.log_text())
+    assert f"POST {base}/completions 200" in server.log_text(since=mark)
+    assert re.search(
+        rf"POST {base}/completions 200 \S+ request_id=eval-{re.escape(base)}-42\n", server.log_text(since=mark)
+    )
     with pytest.raises(openai.BadRequestError) as refused:  # an error's reply has it too
         sdk.completions.create(model=MODEL, prompt=PARIS, suffix="x", extra_headers={"X-Request-Id": "eval-400"})
     assert refused.value.response.headers["X-Request-Id"] == "eval-400"
-    assert "request_id=eval-400\n" in server.log_text()
+    assert "request_id=eval-400\n" in server.log_text(since=mark)
     made = sdk.completions.with_raw_response.create(model=MODEL, prompt=PARIS, max_tokens=1)
     assert re.fullmatch(r"[0-9a-f]{32}", made.headers["X-Request-Id"])
     for hostile in ("x" * 129, "two words", "é"):  # too long, not printable ASCII: a new one instead
@@ -206,7 +210,7 @@ def test_the_request_id_is_echoed_and_logged(server, sdk, base):
 
 @BASES
 def test_a_body_nested_5000_deep_is_a_400_like_bad_json_and_the_engines_keep_running(server, sdk, base):
-    deep = "[" * 5000 + "]" * 5000
+    deep, mark = "[" * 5000 + "]" * 5000, server.log_mark()
     for body in (deep, '{"prompt": "Hi", "stop": ' + deep + "}"):
         r = requests.post(f"{server.url}{base}/completions", data=body, headers=auth(), timeout=30)
         assert r.status_code == 400, r.text
@@ -216,7 +220,7 @@ def test_a_body_nested_5000_deep_is_a_400_like_bad_json_and_the_engines_keep_run
     assert demo.status_code == 400 and demo.json()["type"] == "invalid_json"
     nothing_held(server)
     assert sdk.completions.create(model=MODEL, prompt=PARIS, max_tokens=2, temperature=0).choices[0].text
-    assert "Traceback" not in server.log_text()
+    assert "Traceback" not in server.log_text(since=mark)
 
 
 @BASES

@@ -1,7 +1,7 @@
 """Structured outputs on both engines: JSON schema, JSON object, choice, regex and grammar.
 
-The HTTP tests run on the real gunicorn (both engines, float32 so that they can agree), each on
-/v1 (vLLM) and /static/v1 (static), and on the demo routes where a request carries one
+The HTTP tests run on the real gunicorn (tests/conftest.py's shared one: both engines, float32 so
+that they can agree), each on /v1 (vLLM) and /static/v1 (static), and on the demo routes where a request carries one
 `structured_outputs` for all its prompts. The mixed static round runs in an app of its own in
 this process, where the test can hold the round fence; the per-row mask is also tested on the
 Runner directly.
@@ -24,12 +24,11 @@ from pydantic import BaseModel, Field
 from batcher import fence, grammar
 from batcher.grammar import StructuredSpec
 from batcher.sequence import SamplingParams, Sequence
-from bench.server import Server
 from service import create_app, shutdown
 from service.config import Config
 from service.errors import InvalidRequest
 from service.structured import parse_structured
-from tests.conftest import wait_until
+from tests.conftest import KEY, auth, wait_until
 from tests.test_api import post
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -84,24 +83,17 @@ def chat(content: str) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    log = tmp_path_factory.mktemp("structured") / "server.log"
-    srv = Server(log, {"DTYPE": "float32", "MAX_PROMPTS_PER_REQUEST": "16"})
-    try:
-        health = srv.wait_ready(600)
-        assert all(health["engines"][e]["status"] == "ready" for e in ("static", "vllm")), srv.log_text()[-3000:]
-        yield srv
-    finally:
-        srv.stop()
+def server(shared_server):
+    return shared_server  # tests/conftest.py: the session's gunicorn, both engines, float32, API_KEY set
 
 
 @pytest.fixture
 def sdk(server, base) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + base, api_key="none", max_retries=0, _strict_response_validation=True)
+    return openai.OpenAI(base_url=server.url + base, api_key=KEY, max_retries=0, _strict_response_validation=True)
 
 
 def openai_post(server, base: str, path: str, body: dict) -> requests.Response:
-    return requests.post(f"{server.url}{base}{path}", json={"model": MODEL, **body}, timeout=300)
+    return requests.post(f"{server.url}{base}{path}", json={"model": MODEL, **body}, headers=auth(), timeout=300)
 
 
 def nothing_left(server) -> bool:
@@ -207,7 +199,7 @@ def test_choice_regex_and_grammar_are_obeyed_on_the_openai_route(server, base, k
 def test_the_demo_routes_apply_one_spec_to_every_prompt(server, base, kind):
     spec, obeyed = CASES[kind]
     body = {"prompts": QUESTIONS, "max_tokens": 16, "structured_outputs": spec, "details": True}
-    r = requests.post(server.url + DEMO[base][0], json=body, timeout=300)
+    r = requests.post(server.url + DEMO[base][0], json=body, headers=auth(), timeout=300)
     assert r.status_code == 200, r.text
     assert all(obeyed(text) for text in r.json()["generated_texts"]), r.json()["generated_texts"]
     assert [d["finish_reason"] for d in r.json()["details"]] == ["stop"] * 3
@@ -218,7 +210,8 @@ def test_logprobs_are_of_the_masked_scores_on_both_engines(server):
     chosen tokens' logprobs agree (they would not if one engine recorded them before the mask)."""
     body = {"prompts": QUESTIONS, "max_tokens": 8, "structured_outputs": {"choice": ["yes", "no", "maybe"]}}
     vllm, static = (  # DEMO's order: /v1, then /static/v1
-        requests.post(server.url + DEMO[b][0], json={**body, "logprobs": 0}, timeout=300).json() for b in DEMO
+        requests.post(server.url + DEMO[b][0], json={**body, "logprobs": 0}, headers=auth(), timeout=300).json()
+        for b in DEMO
     )
     assert static["generated_texts"] == vllm["generated_texts"]
     for s_records, v_records in zip(static["logprobs"], vllm["logprobs"], strict=True):
@@ -238,15 +231,17 @@ def test_streamed_pieces_join_into_the_same_valid_json(server, base):
         "response_format": fmt,
     }
     plain = openai_post(server, base, "/chat/completions", body).json()["choices"][0]["message"]["content"]
-    client = openai.OpenAI(base_url=server.url + base, api_key="none", max_retries=0)
+    client = openai.OpenAI(base_url=server.url + base, api_key=KEY, max_retries=0)
     chunks = list(client.chat.completions.create(model=MODEL, stream=True, **body))
     joined = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert joined == plain and len(chunks) > 5
     jsonschema.validate(json.loads(joined), ORDER)
     # the demo stream, with the same spec as structured_outputs
     demo = {"prompt": body["messages"][0]["content"], "max_tokens": 80, "structured_outputs": {"json": ORDER}}
-    text = requests.post(server.url + DEMO[base][0], json={**demo, "prompts": [demo["prompt"]]}, timeout=300)
-    r = requests.post(server.url + DEMO[base][1], json=demo, timeout=300)
+    text = requests.post(
+        server.url + DEMO[base][0], json={**demo, "prompts": [demo["prompt"]]}, headers=auth(), timeout=300
+    )
+    r = requests.post(server.url + DEMO[base][1], json=demo, headers=auth(), timeout=300)
     events = [json.loads(line[len("data: ") :]) for line in r.text.split("\n\n") if line.startswith("data: ")]
     assert "".join(e.get("token", "") for e in events) == text.json()["generated_texts"][0]
     assert events[-1]["finish_reason"] == "stop"
@@ -280,7 +275,7 @@ def test_a_bad_spec_is_a_400_naming_the_field_and_leaves_nothing_behind(server, 
     for path, body in (("/chat/completions", {"messages": chat("Hi")}), ("/completions", {"prompt": "Hi"})):
         r = openai_post(server, base, path, {**body, **extra})
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
-    demo = requests.post(server.url + DEMO[base][0], json={"prompts": ["Hi"], **extra}, timeout=60)
+    demo = requests.post(server.url + DEMO[base][0], json={"prompts": ["Hi"], **extra}, headers=auth(), timeout=60)
     assert demo.status_code == 422 and param in demo.json()["error"], demo.text
     assert nothing_left(server)
     ok = openai_post(server, base, "/completions", {"prompt": "Hi", "max_tokens": 2})
