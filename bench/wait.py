@@ -29,6 +29,16 @@ def capacity(url: str, batch_size: int, max_tokens: int) -> tuple[float, float]:
     return batch_size / seconds, seconds
 
 
+def warm(url: str, engine: str, batch_size: int, max_tokens: int) -> None:
+    """Each engine's first requests are slower than the rest (vLLM's first steps here: many times
+    a warm one), and its clocks keep them until outvoted: run a few at the widths the arrivals
+    will make, as `capacity` does for the static engine, before measuring its predictions."""
+    prompts = measure.make_prompts(batch_size)
+    for width in range(1, batch_size + 1):
+        body = {"prompts": prompts[:width], "max_tokens": max_tokens, **measure.SAME_WORK}
+        measure.timed_post(url, measure.PATHS[engine], body)
+
+
 def _one(url: str, path: str, body: dict, headers: dict) -> dict:
     """A stream: its status, the seconds to its first token, and the prediction it was given."""
     started = time.perf_counter()
@@ -131,6 +141,7 @@ def run(url: str, engines: list[str], batch_size: int, max_tokens: int) -> dict:
     deadline_ms = DEADLINE_ROUNDS * round_s * 1000
     accuracy, policies = [], []
     for engine in engines:
+        warm(url, engine, batch_size, max_tokens)
         for load, factor in (("1x", 1.0), ("2x", 2.0)):
             results = poisson(url, engine, factor * rate, max_tokens, None, seed=1)
             accuracy.append(_ratio_row(engine, load, factor * rate, results))
