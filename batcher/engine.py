@@ -207,7 +207,7 @@ class EngineThread:
         predicted first token came out."""
         if seq.error is None and seq.finish_reason != "cancelled":
             self.metrics.finished(self.name, seq)
-        if seq.predicted is not None and seq.ttft_s is not None:  # a cancelled row's first token counts too
+        if seq.predicted is not None and seq.ttft_s is not None:  # however it ended, its first token came
             self.calibration.observe(seq.predicted.ttft_s, seq.ttft_s)
 
     def _fail_waiting(self, message: str) -> None:

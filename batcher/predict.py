@@ -23,6 +23,9 @@ last predictions came out: `Calibration` keeps measured / predicted time to firs
 last CALIBRATION_WINDOW sequences, and `ttft_p90_s` is the prediction times that ratio's 90th
 percentile: by then about nine in ten first tokens have come. The headers and /load show the
 cost model's own prediction; admission holds `ttft_p90_s` against a deadline.
+
+One writer per clock and per calibration (its engine's thread): each write replaces the mapping
+or tuple, so a reader takes one immutable snapshot and never sees a half-updated one.
 """
 
 from __future__ import annotations
@@ -37,8 +40,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 WINDOW = 5  # measurements kept per width
-CALIBRATION_WINDOW = 32  # sequences whose measured / predicted TTFT calibrates the next predictions
-CALIBRATION_MIN = 8  # fewer than this: no calibration (ratio 1)
+CALIBRATION_WINDOW = 32  # sequences whose measured / predicted TTFT bounds the next predictions
+CALIBRATION_MIN = 8  # fewer than this: no bound beyond the prediction itself (ratio 1)
 
 
 @dataclass(frozen=True)
@@ -89,15 +92,15 @@ class Prediction:
 
 class Calibration:
     """Measured / predicted time to first token of the last CALIBRATION_WINDOW sequences, and
-    the bound it puts on a prediction. One writer (the engine thread, as each sequence finishes), an
-    immutable tuple for readers, as in WidthClock."""
+    the bound it puts on a prediction. One writer (the engine thread, as each sequence
+    finishes), an immutable tuple for readers, as in WidthClock."""
 
     def __init__(self) -> None:
         self._ratios: tuple[float, ...] = ()
 
     def observe(self, predicted_s: float | None, measured_s: float | None) -> None:
         """The engine thread only: a sequence's cost-model TTFT and the one it had."""
-        if predicted_s and measured_s and predicted_s > 0 and measured_s > 0:
+        if predicted_s and measured_s:  # both known and above 0
             self._ratios = (*self._ratios[-(CALIBRATION_WINDOW - 1) :], measured_s / predicted_s)
 
     def factor(self, q: float) -> float:
