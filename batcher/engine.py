@@ -8,10 +8,11 @@ import logging
 import threading
 import time
 
+from batcher.calibration import Calibration
 from batcher.errors import InvalidParams, ShuttingDown, WaitTooLong
 from batcher.lifecycle import Lifecycle
 from batcher.metrics import Metrics
-from batcher.predict import Calibration, Prediction, StaticCost, VLLMCost, Work
+from batcher.predict import Prediction, StaticCost, VLLMCost, Work
 from batcher.sequence import Sequence
 from batcher.workload import Workload
 

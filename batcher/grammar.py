@@ -2,7 +2,7 @@
 the request thread with xgrammar, the library vLLM's own default backend uses, so that a spec
 means the same grammar on both engines.
 
-The static engine masks each constrained row with the compiled grammar (batcher/constraint.py);
+The static engine masks each constrained row with the compiled grammar (batcher/static/constraint.py);
 the vLLM engine gets the spec as `StructuredOutputsParams` (`vllm_params`) and compiles it with
 its own xgrammar backend, set up by `vllm_config()` the way `compile()` compiles here.
 

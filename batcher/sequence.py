@@ -10,68 +10,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from batcher.grammar import StructuredSpec
 from batcher.predict import Prediction
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """Per prompt, even inside one round. temperature 0 means greedy. Meanings and ranges are
-    vLLM's (service/params.py validates them); the neutral defaults change nothing."""
-
-    max_tokens: int = 20
-    temperature: float = 0.0
-    top_p: float = 1.0
-    ignore_eos: bool = False  # generate exactly max_tokens (benchmarks: equal work on every path)
-    stop: tuple[str, ...] = ()  # end when the text contains one; it is cut off, reason "stop"
-    stop_token_ids: tuple[int, ...] = ()  # end on one of these tokens (not returned), reason "stop"
-    seed: int | None = None  # sampled rows draw from their own generator: reproducible per engine
-    logprobs: int | None = None  # top alternatives per generated token; None: no logprobs at all
-    prompt_logprobs: int | None = None  # top alternatives per prompt token; None: none computed
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    top_k: int = -1  # -1 (or 0): every token
-    min_p: float = 0.0
-    min_tokens: int = 0  # EOS, stop_token_ids and stop strings only count after this many tokens
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs, sorted by id
-    structured: StructuredSpec | None = None  # the text's grammar, compiled (batcher/grammar.py)
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-    @property
-    def penalized(self) -> bool:
-        return (self.presence_penalty, self.frequency_penalty, self.repetition_penalty) != (0.0, 0.0, 1.0)
-
-
-LOGPROB_FLOOR = -9999.0  # vLLM's OpenAI server: the logprob it reports for an impossible token
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    """One token's log-probability under the model (before temperature, penalties and filters,
-    as vLLM reports by default) and the `logprobs` most likely tokens at that step, most likely
-    first, each as (token id, token text, logprob). A generated token's, or a prompt token's
-    (`Sequence.prompt_logprobs`): the prompt's first token has no context to be predicted from,
-    so its `logprob` is None, as vLLM's. `rank`: the token's place in the step's distribution
-    (1: the most likely), where the engine reports it (prompt tokens)."""
-
-    token_id: int
-    token: str
-    logprob: float | None
-    top: tuple[tuple[int, str, float], ...] = ()
-    rank: int | None = None
-
-    def __post_init__(self) -> None:
-        # A token a grammar forbids has logprob -inf, which JSON cannot carry (Flask would write
-        # `-Infinity`); vLLM's own server writes -9999.0 for it, and so do both our engines.
-        if self.logprob is None:
-            return
-        if self.logprob < LOGPROB_FLOOR or any(lp < LOGPROB_FLOOR for _, _, lp in self.top):
-            object.__setattr__(self, "logprob", max(self.logprob, LOGPROB_FLOOR))
-            object.__setattr__(self, "top", tuple((t, s, max(lp, LOGPROB_FLOOR)) for t, s, lp in self.top))
+from batcher.sampling import SamplingParams
+from batcher.tokens import Piece, TokenLogprob
 
 
 class Status(StrEnum):
@@ -80,22 +21,6 @@ class Status(StrEnum):
     FINISHED = "finished"
     FAILED = "failed"
     CANCELLED = "cancelled"
-
-
-class Piece(str):
-    """A streamed piece of a sequence's text, carrying the logprob records of the tokens it is
-    the first piece to cover (empty without `logprobs`). A `str`, so a reader that wants only
-    the text uses it as one; a reader that wants the records takes `piece.logprobs` instead of
-    looking at `Sequence.logprobs`, which the engine is still appending to. `generated`: the
-    sequence's tokens so far, this piece's included (`token_ids` keeps growing meanwhile)."""
-
-    logprobs: tuple[TokenLogprob, ...]
-    generated: int
-
-    def __new__(cls, text: str, logprobs: tuple[TokenLogprob, ...] = (), generated: int = 0) -> Piece:
-        piece = super().__new__(cls, text)
-        piece.logprobs, piece.generated = logprobs, generated
-        return piece
 
 
 # A prompt: text, or token ids (the tokenizer's own, as an evaluation harness sends them).

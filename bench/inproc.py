@@ -45,8 +45,9 @@ def _static(config: Config, model_path: str) -> tuple:
     transformers' own generate() on the same model, the static overhead's reference."""
     import torch
 
-    from batcher.runner import Runner, set_torch_threads
-    from batcher.sequence import SamplingParams, Sequence
+    from batcher.sampling import SamplingParams
+    from batcher.sequence import Sequence
+    from batcher.static.runner import Runner, set_torch_threads
 
     set_torch_threads(config.torch_threads)  # as the service's model thread does
     started, size = time.perf_counter(), config.batch_size

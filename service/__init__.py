@@ -11,7 +11,7 @@ from flask import Flask, g, request
 from batcher.checkpoint import resolve_model
 from batcher.compile_cache import use_compile_cache
 from batcher.metrics import Metrics
-from batcher.vllm_worker import VLLMWorker
+from batcher.vllm.worker import VLLMWorker
 from service import admission, demo, errors, openai_api, ops, page, request_id, tokenization
 from service.config import Config
 
@@ -29,7 +29,7 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
     # import `service` for its Config alone
     from transformers import AutoTokenizer
 
-    from batcher.worker import ModelWorker
+    from batcher.static.worker import ModelWorker
 
     config = config or Config.from_env()
     app = Flask(__name__)

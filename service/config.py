@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, fields
 
-from batcher.checkpoint import CHECKPOINT_NAME, DEFAULT_MODEL
+from batcher.checkpoint import CHECKPOINT_NAME, DEFAULT_CACHE_DIR, DEFAULT_MODEL
 from batcher.settings import StaticSettings, VLLMSettings
 
 # VLLMSettings fields that are the Config field `vllm_<name>` as it is
@@ -29,7 +29,7 @@ class Config:
     model: str = DEFAULT_MODEL  # "smollm2", a Hugging Face model id or a local folder
     dtype: str = "auto"  # auto | bfloat16 | float16 | float32
     device: str = "auto"  # auto | cpu | cuda
-    cache_dir: str = ".cache/models"
+    cache_dir: str = DEFAULT_CACHE_DIR
     served_model_name: str = ""  # the id in /v1/models; "": the model folder's name (or MODEL itself)
     # API_KEY: one key or several, comma-separated; when set, the generate routes want
     # "Authorization: Bearer <key>" (unset: open, for localhost)

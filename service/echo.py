@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from batcher.sequence import Prompt, Sequence, TokenLogprob
+from batcher.sequence import Prompt, Sequence
+from batcher.tokens import TokenLogprob
 
 
 @dataclass(frozen=True)

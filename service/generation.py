@@ -18,7 +18,8 @@ from flask import current_app, g
 
 from batcher.errors import WaitTooLong
 from batcher.predict import Prediction
-from batcher.sequence import SamplingParams, Sequence
+from batcher.sampling import SamplingParams
+from batcher.sequence import Sequence
 from service import admission
 from service.errors import DeadlineExceeded
 

@@ -11,16 +11,26 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from collections.abc import Iterator
 
 from flask import Blueprint, Flask, current_app, jsonify, request
 from werkzeug.exceptions import NotFound
 
-from batcher.errors import EngineError
-from batcher.sequence import Piece, Prompt, Sequence
-from service import auth, batching, echo, errors, generation, openai_fields, schema, sse, structured
+from batcher.sequence import Prompt
+from service import (
+    auth,
+    batching,
+    chat,
+    echo,
+    errors,
+    generation,
+    openai_fields,
+    openai_stream,
+    schema,
+    sse,
+    structured,
+)
 from service.echo import Echo
-from service.errors import ApiError, InvalidRequest, ModelNotFound
+from service.errors import InvalidRequest, ModelNotFound
 from service.openai_replies import ChatShape, TextShape, usage
 from service.params import chat_logprobs, parse_n, parse_prompt_logprobs, parse_sampling
 
@@ -28,7 +38,6 @@ bp = auth.protect(Blueprint("openai", __name__))
 errors.register_openai(bp)
 
 PREFIXES = {"vllm": "/v1", "static": "/static/v1"}
-DONE = sse.event("[DONE]")
 
 
 def register(app: Flask) -> None:
@@ -115,7 +124,7 @@ def _respond(
     if stream:
         pieces = generation.Pieces(eng, prompts, params, n)
         usage_in = (include_usage, continuous)
-        chunks = _chunks(pieces, shape, {**head, "object": shape.chunk_object}, n, usage_in, want, echoed)
+        chunks = openai_stream.chunks(pieces, shape, {**head, "object": shape.chunk_object}, n, usage_in, want, echoed)
         return sse.response(chunks)
     seqs = generation.complete(eng, prompts, params, n)
     choices = []
@@ -128,81 +137,6 @@ def _respond(
     if schema.flag(body, "details"):  # our extension: what batching cost each choice (service/batching.py)
         reply["batching"] = [batching.cost(seq) for seq in seqs]
     return jsonify(reply)
-
-
-def _chunks(
-    pieces: generation.Pieces,
-    shape,
-    head: dict,
-    n: int,
-    usage_in: tuple[bool, bool],
-    want: bool,
-    echoed: Echo | None = None,
-) -> Iterator[str]:
-    """One chunk per piece of text, a last one per choice with its finish_reason, the usage chunk
-    if asked, then [DONE]; an error after the first byte is an error event, then [DONE].
-    With logprobs, each chunk carries those of the tokens generated since the choice's last one.
-    `usage_in`: (a usage chunk at the end, usage in every chunk too: that choice's prompt and
-    its tokens so far, as vLLM's `continuous_usage_stats`). `echoed`: each choice's first chunk
-    starts with its echo (and its prompt's records), as vLLM's; with `echoed.only` the generated
-    token is not sent."""
-    include_usage, continuous = usage_in
-    index = {seq.id: i for i, seq in enumerate(pieces.seqs)}
-    sent_records = dict.fromkeys(index, 0)
-    sent_chars = dict.fromkeys(index, 0)
-    to_echo = set(index) if echoed is not None else set()
-
-    def event(choice: dict, prompt_tokens: int | None, generated: int) -> str:
-        if not continuous:
-            return sse.event({**head, "choices": [choice]})
-        counts = {"prompt_tokens": prompt_tokens, "completion_tokens": generated}
-        counts["total_tokens"] = (prompt_tokens or 0) + generated
-        return sse.event({**head, "choices": [choice], "usage": counts})
-
-    def chunk(seq: Sequence, text: str, finish_reason: str | None = None) -> str | None:
-        records = None
-        if want:  # a piece carries its tokens' records; at the end (the sequence done), the rest
-            records = list(text.logprobs) if isinstance(text, Piece) else seq.logprobs[sent_records[seq.id] :]
-            sent_records[seq.id] += len(records)
-        # a piece carries its count; at the end the sequence is done and its own count is final
-        generated = text.generated if isinstance(text, Piece) else len(seq.token_ids)
-        text = str(text)
-        if echoed is not None:
-            if seq.id in to_echo:
-                to_echo.discard(seq.id)
-                text = echoed.text(index[seq.id] // n, text)
-                records = echoed.logprobs(seq, records) if want else None
-            elif echoed.only:
-                if finish_reason is None:
-                    return None
-                text, records = "", [] if want else None
-        choice = shape.delta(index[seq.id], text, records, sent_chars[seq.id], finish_reason)
-        sent_chars[seq.id] += len(text)
-        return event(choice, seq.prompt_tokens, generated)
-
-    try:
-        opened = False
-        for seq, text in pieces:
-            if not opened:  # the first piece is here: its sequence's prompt is counted (chat: one prompt)
-                for choice in shape.opening(len(pieces.seqs)):
-                    yield event(choice, seq.prompt_tokens, 0)
-                opened = True
-            if text is not None:
-                out = chunk(seq, text)
-            elif seq.error is not None:
-                raise seq.error
-            else:
-                out = chunk(seq, "", seq.finish_reason)
-            if out is not None:
-                yield out
-        if include_usage:
-            yield sse.event({**head, "choices": [], "usage": usage(pieces.seqs, n)})
-        yield DONE
-    except (ApiError, EngineError) as exc:
-        yield sse.event(errors.openai_error(exc)[0])
-        yield DONE
-    finally:
-        pieces.close()  # also when the client went away: its sequences stop at their next step
 
 
 @bp.post("/completions")
@@ -222,41 +156,13 @@ def completions(engine: str):
     return _respond(TextShape, engine, model, prompts, body, echoed=echoed)
 
 
-def _message_text(i: int, message) -> dict:
-    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-        raise InvalidRequest(f"'messages[{i}]' must be an object with a 'role'", param="messages")
-    content = message.get("content")
-    if isinstance(content, list):  # content parts: only text ones have meaning for this model
-        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
-            raise InvalidRequest(f"'messages[{i}].content' parts must be text parts", param="messages")
-        content = "".join(part["text"] for part in content)
-    if not isinstance(content, str):
-        raise InvalidRequest(f"'messages[{i}].content' must be a string or a list of text parts", param="messages")
-    return {"role": message["role"], "content": content}
-
-
-def chat_messages(messages) -> list[dict]:
-    """The messages as the chat template reads them: role and text content."""
-    if not isinstance(messages, list) or not messages:
-        raise InvalidRequest("'messages' must be a non-empty list", param="messages")
-    return [_message_text(i, m) for i, m in enumerate(messages)]
-
-
-def render_chat(messages: list[dict], *, add_generation_prompt: bool = True) -> str:
-    """The model's own chat template, the same rendering for both engines (and /tokenize)."""
-    tokenizer = current_app.extensions["tokenizer"]()
-    if not tokenizer.chat_template:
-        raise InvalidRequest("this model has no chat template: use /completions with a prompt", param="messages")
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
-
-
 @bp.post("/chat/completions")
 def chat_completions(engine: str):
     body = schema.json_body(request)
     openai_fields.check(body, "chat")
     model = check_model(body)
-    messages = chat_messages(body.get("messages"))
-    prompt = render_chat(messages)
+    messages = chat.messages(body.get("messages"))
+    prompt = chat.render(messages)
     # the newer name wins, as on vLLM
     max_tokens_key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     top_logprobs = body.get("top_logprobs")

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import itertools
 
-from batcher.sequence import Sequence, TokenLogprob
+from batcher.sequence import Sequence
+from batcher.tokens import TokenLogprob
 
 
 def usage(seqs: list[Sequence], n: int) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import Blueprint, current_app, render_template, request
 
-from batcher.sequence import SamplingParams
+from batcher.sampling import SamplingParams
 from service import auth, schema, sse
 from service.errors import InvalidRequest
 from service.race import MODES, Race

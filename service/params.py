@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from batcher.sequence import SamplingParams
+from batcher.sampling import SamplingParams
 from service.config import Config
 from service.errors import InvalidRequest
 from service.structured import parse_structured

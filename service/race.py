@@ -26,7 +26,8 @@ import time
 from collections.abc import Iterator
 
 from batcher.errors import EngineError
-from batcher.sequence import SamplingParams, Sequence
+from batcher.sampling import SamplingParams
+from batcher.sequence import Sequence
 from service import demo_replies, sse
 from service.errors import log_unexpected
 from service.generation import Engine, deadline_exceeded, fan_out

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from flask import Request, current_app, request
 from werkzeug.exceptions import BadRequest
 
-from batcher.sequence import Prompt, SamplingParams
+from batcher.sampling import SamplingParams
+from batcher.sequence import Prompt
 from service.config import Config
 from service.errors import InvalidJson, InvalidRequest, TooManyPrompts
 from service.params import parse_n, parse_sampling

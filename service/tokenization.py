@@ -4,7 +4,7 @@ for vLLM, `/static/tokenize` for the static batcher (vLLM serves them at its roo
 Shapes as vLLM 0.32's (vllm/entrypoints/serve/tokenize/protocol.py): `{"prompt"}` or
 `{"messages", "add_generation_prompt"}` in, `{"count", "max_model_len", "tokens"}` out (and
 `token_strs` with `return_token_strs`); `{"tokens"}` in, `{"prompt"}` out. The text is the
-tokenizer's that both engines run, the chat rendering the chat route's (`render_chat`), and
+tokenizer's that both engines run, the chat rendering the chat route's (`service/chat.py`), and
 `max_model_len` what `/v1/models` reports. Errors in OpenAI's shape, as on `/v1`.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from flask import Blueprint, Flask, current_app, jsonify, request
 
-from service import auth, errors, generation, openai_api, openai_fields, schema
+from service import auth, chat, errors, generation, openai_api, openai_fields, schema
 from service.errors import InvalidRequest
 
 bp = auth.protect(Blueprint("tokenize", __name__))
@@ -40,13 +40,13 @@ def _tokenizer():
 @bp.post("/tokenize")
 def tokenize(engine: str):
     body = schema.json_body(request)
-    chat = "messages" in body  # vLLM's union: a body with `messages` is a chat request
-    openai_fields.check(body, "tokenize_chat" if chat else "tokenize")
+    is_chat = "messages" in body  # vLLM's union: a body with `messages` is a chat request
+    openai_fields.check(body, "tokenize_chat" if is_chat else "tokenize")
     openai_api.check_model(body)
-    if chat:
+    if is_chat:
         generation_prompt = _flag(body, "add_generation_prompt", default=True)
-        messages = openai_api.chat_messages(body["messages"])
-        text = openai_api.render_chat(messages, add_generation_prompt=generation_prompt)
+        messages = chat.messages(body["messages"])
+        text = chat.render(messages, add_generation_prompt=generation_prompt)
         add_special_tokens = _flag(body, "add_special_tokens", default=False)  # the template has them
     else:
         text = body.get("prompt")

@@ -11,8 +11,8 @@ import pytest
 
 from batcher import fence
 from batcher.checkpoint import resolve_model
-from batcher.runner import Runner
 from batcher.settings import StaticSettings
+from batcher.static.runner import Runner
 from bench.server import Server
 from service import create_app, shutdown
 from service.config import Config
@@ -166,7 +166,7 @@ def runner(runner_fp32):
 @pytest.fixture
 def worker(runner):
     """A started static engine on `runner`: a round holding test_worker.GATE waits for `runner.gate`."""
-    from batcher.worker import ModelWorker
+    from batcher.static.worker import ModelWorker
 
     worker = ModelWorker(runner.settings, load_runner=lambda: runner).start()
     assert worker.wait_ready(30)

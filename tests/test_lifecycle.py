@@ -10,7 +10,7 @@ import pytest
 
 from batcher.errors import ShuttingDown
 from batcher.sequence import Sequence
-from batcher.worker import ModelWorker
+from batcher.static.worker import ModelWorker
 from tests.test_worker import GATE, submit
 from tests.test_workload import WatchedQueue
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from batcher.sequence import SamplingParams
-from batcher.stops import find_stop, held_back
+from batcher.sampling import SamplingParams
+from batcher.static.stops import find_stop, held_back
 from service.config import Config
 from service.errors import InvalidRequest
 from service.params import chat_logprobs, parse_n, parse_sampling

@@ -4,10 +4,8 @@ import time
 
 import pytest
 
+from batcher.calibration import CALIBRATION_MIN, CALIBRATION_WINDOW, Calibration
 from batcher.predict import (
-    CALIBRATION_MIN,
-    CALIBRATION_WINDOW,
-    Calibration,
     Prediction,
     StaticCost,
     VLLMCost,

@@ -3,8 +3,9 @@
 import copy
 import queue
 
-from batcher.runner import RoundRows
-from batcher.sequence import SamplingParams, Sequence
+from batcher.sampling import SamplingParams
+from batcher.sequence import Sequence
+from batcher.static.runner import RoundRows
 
 PROMPTS = [
     "The capital of France is",

@@ -6,7 +6,8 @@ import logging
 
 import pytest
 
-from batcher.sequence import SamplingParams, Sequence
+from batcher.sampling import SamplingParams
+from batcher.sequence import Sequence
 from service.generation import fan_out
 from tests.test_api import post
 
@@ -223,7 +224,7 @@ def test_a_mixed_static_round_is_one_generate_call(app, caplog):
 
     model.generate = counted
     try:
-        with caplog.at_level(logging.INFO, logger="batcher.worker"):
+        with caplog.at_level(logging.INFO, logger="batcher.static.worker"):
             engine.submit(seqs)
             for seq in seqs:
                 assert seq.done.wait(120)

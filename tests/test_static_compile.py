@@ -15,9 +15,10 @@ import pytest
 
 from batcher import fence
 from batcher.device import pick_compile
-from batcher.runner import Runner, cache_bucket
-from batcher.sequence import SamplingParams, Sequence
-from batcher.worker import ModelWorker
+from batcher.sampling import SamplingParams
+from batcher.sequence import Sequence
+from batcher.static.runner import Runner, cache_bucket
+from batcher.static.worker import ModelWorker
 from service import create_app, shutdown
 from service.config import Config
 from tests.conftest import static_settings

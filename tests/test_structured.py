@@ -23,7 +23,8 @@ from pydantic import BaseModel, Field
 
 from batcher import fence, grammar
 from batcher.grammar import StructuredSpec
-from batcher.sequence import SamplingParams, Sequence
+from batcher.sampling import SamplingParams
+from batcher.sequence import Sequence
 from service import create_app, shutdown
 from service.config import Config
 from service.errors import InvalidRequest

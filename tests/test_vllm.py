@@ -124,7 +124,7 @@ def test_an_abort_that_fails_is_logged_and_the_prompts_still_answered(vllm_app, 
 
     monkeypatch.setattr(engine.engine, "step", broken_step)
     monkeypatch.setattr(engine.engine, "abort_request", abort_then_raise)
-    with caplog.at_level(logging.ERROR, logger="batcher.vllm_worker"):
+    with caplog.at_level(logging.ERROR, logger="batcher.vllm.worker"):
         r = post(vllm_client, "/generate_vllm", {"prompts": ["Hi"], "max_tokens": 2})
     assert r.status_code == 500 and "injected step failure" in r.json["error"]
     aborts = [rec for rec in caplog.records if "could not abort" in rec.getMessage()]

@@ -6,8 +6,9 @@ import threading
 import pytest
 
 from batcher.errors import RoundFailed, ShuttingDown
-from batcher.runner import Runner
-from batcher.sequence import SamplingParams, Sequence, Status
+from batcher.sampling import SamplingParams
+from batcher.sequence import Sequence, Status
+from batcher.static.runner import Runner
 
 POISON = "<fail this round>"
 GATE = "<hold this round>"
@@ -82,7 +83,7 @@ def test_each_result_goes_back_to_its_own_sequence(worker, runner_fp32):
 
 
 def test_one_log_line_per_round_in_the_write_ups_form(worker, caplog):
-    with caplog.at_level(logging.INFO, logger="batcher.worker"):
+    with caplog.at_level(logging.INFO, logger="batcher.static.worker"):
         wait(submit(worker, "a b c d e f g h", "b", "c", "d", "e", "f"))
     lines = [r.getMessage() for r in caplog.records if "Batch input shape" in r.getMessage()]
     assert len(lines) == 2

@@ -28,7 +28,7 @@ from batcher.metrics import Metrics
 from batcher.predict import VLLMCost
 from batcher.sequence import Sequence
 from batcher.settings import VLLMSettings
-from batcher.vllm_translate import engine_prompt, logprob_records, prompt_logprob_records, refusal, sampling_params
+from batcher.vllm.translate import engine_prompt, logprob_records, prompt_logprob_records, refusal, sampling_params
 
 log = logging.getLogger(__name__)
 

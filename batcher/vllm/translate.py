@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from batcher.errors import EngineError, InvalidParams, RoundFailed
 from batcher.grammar import vllm_params
-from batcher.sequence import Sequence, TokenLogprob
+from batcher.sequence import Sequence
+from batcher.tokens import TokenLogprob
 
 
 def engine_prompt(seq: Sequence, max_input_tokens: int):

@@ -18,9 +18,9 @@ from batcher.engine import EngineThread
 from batcher.errors import RoundFailed, ShuttingDown
 from batcher.metrics import Metrics
 from batcher.predict import StaticCost
-from batcher.runner import Runner, set_torch_threads
 from batcher.sequence import Sequence
 from batcher.settings import StaticSettings
+from batcher.static.runner import Runner, set_torch_threads
 
 log = logging.getLogger(__name__)
 

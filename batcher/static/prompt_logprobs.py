@@ -17,7 +17,8 @@ from collections.abc import Iterator
 
 import torch
 
-from batcher.sequence import Sequence, TokenLogprob
+from batcher.sequence import Sequence
+from batcher.tokens import TokenLogprob
 
 
 class PromptLogprobs:

@@ -10,9 +10,9 @@ import torch
 from transformers import StoppingCriteria
 from transformers.generation.streamers import BaseStreamer
 
-from batcher.processors import RecordLogprobs
 from batcher.sequence import Sequence
-from batcher.stops import find_stop, held_back
+from batcher.static.processors import RecordLogprobs
+from batcher.static.stops import find_stop, held_back
 
 
 class RoundRows(BaseStreamer, StoppingCriteria):

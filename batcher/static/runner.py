@@ -2,9 +2,9 @@
 
 Everything per row (max_tokens, sampling, penalties, stop, logprobs, cancellation, streaming)
 rides on hooks that `transformers.generate()` already offers, so a round stays one call:
-- `LogitsProcessor`s (batcher/processors.py) apply each row's own parameters in vLLM's order
+- `LogitsProcessor`s (batcher/static/processors.py) apply each row's own parameters in vLLM's order
   (greedy and seeded rows become one-hot) and record logprobs,
-- a `StoppingCriteria` (batcher/rows.py) ends each row at its own max_tokens, EOS, stop token or
+- a `StoppingCriteria` (batcher/static/rows.py) ends each row at its own max_tokens, EOS, stop token or
   stop string, or when it is cancelled,
 - the same object is the streamer: it receives each step's tokens, so text leaves as produced.
 Each row's tokens and text go straight into its `Sequence`; a round returns only the reasons.
@@ -26,11 +26,12 @@ from transformers import (
     StoppingCriteriaList,
 )
 
-from batcher import processors as per_row
-from batcher.prompt_logprobs import PromptLogprobs
-from batcher.rows import RoundRows
-from batcher.sequence import Prompt, SamplingParams, Sequence
+from batcher.sampling import SamplingParams
+from batcher.sequence import Prompt, Sequence
 from batcher.settings import StaticSettings
+from batcher.static import processors as per_row
+from batcher.static.prompt_logprobs import PromptLogprobs
+from batcher.static.rows import RoundRows
 
 log = logging.getLogger(__name__)
 

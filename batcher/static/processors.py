@@ -13,8 +13,9 @@ from __future__ import annotations
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from batcher.constraint import GrammarMask
-from batcher.sequence import Sequence, TokenLogprob
+from batcher.sequence import Sequence
+from batcher.static.constraint import GrammarMask
+from batcher.tokens import TokenLogprob
 
 
 def _column(values, device, dtype=torch.float32) -> torch.Tensor:
