@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field, fields
 
 from batcher.checkpoint import CHECKPOINT_NAME, DEFAULT_CACHE_DIR, DEFAULT_MODEL
+from batcher.compile_cache import DEFAULT_COMPILE_CACHE_DIR
 from batcher.profile.store import DEFAULT_PROFILE_DIR
 from batcher.settings import StaticSettings, VLLMSettings
 
@@ -38,7 +39,7 @@ class Config:
     # API_KEY: one key or several, comma-separated; when set, the generate routes want
     # "Authorization: Bearer <key>" (unset: open, for localhost)
     api_key: str = field(default="", repr=False)
-    compile_cache_dir: str = ".cache/compile"  # vLLM's and Inductor's compile caches; "" = theirs
+    compile_cache_dir: str = DEFAULT_COMPILE_CACHE_DIR  # vLLM's and Inductor's compile caches; "" = theirs
     # static batching
     batch_size: int = 4
     batch_wait_ms: float = 0.0
