@@ -180,3 +180,16 @@ def worker(runner):
     yield worker
     runner.gate.set()
     worker.stop()
+
+
+# --- pytest-xdist: what shares an expensive fixture runs in one worker ---------------------------
+# (the fixture names whose instance costs an engine start or more; the first one a test uses names
+# its group, else its module does: a module's own module-scoped server is then started once)
+SHARED_FIXTURES = ("shared_server", "app", "runner_fp32")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        names = item.fixturenames  # the whole closure: a fixture's own fixtures too
+        group = next((name for name in SHARED_FIXTURES if name in names), item.module.__name__)
+        item.add_marker(pytest.mark.xdist_group(group))
