@@ -12,7 +12,7 @@ from batcher.profile import child, choose, measure, store
 from batcher.static.runner import Runner
 from service.config import Config
 
-PARIS = "What is the capital of France?"
+PARIS = "The capital of France is"
 
 
 def row(engine, dtype, eager, speed, prefix=1.0, france=True, start=5.0, status="measured") -> dict:
