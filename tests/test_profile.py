@@ -143,3 +143,15 @@ def _static_generate(runner: Runner) -> list[list[int]]:
     seqs = [Sequence(PARIS, SamplingParams(max_tokens=4))]
     runner.generate(seqs, runner.encode([PARIS]))
     return [list(seq.token_ids) for seq in seqs]
+
+
+def test_the_start_log_and_health_say_each_engines_choice_and_why(tmp_path, caplog):
+    from service import create_app
+
+    caplog.set_level("INFO", logger="service")
+    app = create_app(Config(vllm_enabled=False, profile_dir=str(tmp_path)), start=False)  # no engine thread
+    lines = [r.getMessage() for r in caplog.records if r.name == "service"]
+    for engine in ("static", "vllm"):
+        assert f"{engine} engine: float32 eager on cpu (no profile: fp32 eager)" in lines
+    settings = app.extensions["engines"]["static"].health()["settings"]
+    assert settings == {"device": "cpu", "dtype": "float32", "compile": False, "reason": "no profile: fp32 eager"}
