@@ -53,7 +53,7 @@ def choose(rows: list[dict], engine: str, dtype: str | None = None, eager: bool 
     ranked = sorted(zip(scores(eligible), eligible, strict=True), key=lambda pair: pair[0])
     near = [row for score, row in ranked if score <= ranked[0][0] * NEAR]
     row = min(near, key=lambda r: (r.get("start_s") or 0) + (r.get("compile_s") or 0))
-    return row, f"{describe(row)} (fastest of {len(eligible)} faithful, weights {WEIGHTS})"
+    return row, f"{describe(row)} (fastest of {len(eligible)} faithful)"
 
 
 def resolve(profile: dict | None, engine: str, dtype: str, eager: bool | None) -> tuple[str, bool, str]:
