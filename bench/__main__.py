@@ -4,6 +4,7 @@ tables, write JSON. `python -m bench` (quick: N=1 4 16, one repeat; under 8 min 
 
 import argparse
 import contextlib
+import dataclasses
 import math
 import os
 import statistics
@@ -15,13 +16,16 @@ from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 
-from bench import inproc, measure, report, serve_client, structured, wait
+from batcher.checkpoint import resolve_model
+from batcher.profile import child, choose, show, store
+from batcher.profile import measure as profiling
+from bench import measure, report, serve_client, structured, wait
 from bench.server import ROOT, SETTLED, Server
 from service.config import Config
 
 SWEEP_N, SWEEP, BASIC_MAX_N, READY_TIMEOUT_S, STARTUP_TIMEOUT_S = 64, [1, 2, 4, 8, 16, 64], 16, 300, 1500
 ON_THE_SERVICE = ("grid", "ttft", "structured", "openai", "wait")
-LATER = ("direct", "offline", "sweep", "fidelity", "startup")  # the service stopped, each in its own processes
+LATER = ("direct", "offline", "sweep", "fidelity", "profile", "startup")  # the service stopped; own processes
 QUICK = {"n": [1, 4, 16], "repeats": 1, "phases": ("grid", "ttft", "structured", "direct", "offline")}
 FULL = {"n": [1, 4, 16, 64], "repeats": 3, "phases": ON_THE_SERVICE + LATER}
 # the service waits as long as our requests do, so a slow shared machine makes slow numbers, not 504s
@@ -125,10 +129,12 @@ class Bench:
         """direct: transformers' model.generate() and the service's Runner on one round; offline: vLLM."""
         engine, names = ("static", [report.DIRECT, report.RUNNER]) if name == "direct" else ("vllm", [report.OFFLINE])
         prompts = measure.make_prompts(self.args.batch_size if name == "direct" else max(self.args.n))
-        spec = dict(engine=engine, config={"batch_size": self.args.batch_size}, bare=engine == "static")
+        config = Config.from_env(batch_size=self.args.batch_size)
+        settings = (config.static_engine if engine == "static" else config.vllm_engine)(self.model_path)
+        spec = dict(engine=engine, settings=dataclasses.asdict(settings), bare=engine == "static")
         spec.update(timed=[prompts], timed_tokens=self.args.max_tokens, repeats=self.args.repeats)
         with open(self.log_path, "a") as log:
-            out = inproc.run(spec, log)
+            out = child.run({**spec, "compile_cache_dir": config.compile_cache_dir}, log)
         for what, runs in zip(names, (*out.get("bare_runs", []), *out["runs"]), strict=True):
             median = round(statistics.median(runs), 3)
             row = {"what": what, "N": len(prompts), "dtype": out["dtype"], "median (s)": median}
@@ -148,8 +154,27 @@ class Bench:
             row["p99 latency (ms)"] = round(ms[math.ceil(0.99 * len(ms)) - 1])  # nearest rank
             rows.append({**row, "rounds (expected)": f"{run.rounds} ({math.ceil(SWEEP_N / bs)})"})
 
-    def fidelity(self) -> None:
-        self.res["fidelity"] = inproc.fidelity(self.log_path)
+    @property
+    def model_path(self) -> str:
+        config = Config.from_env()
+        return resolve_model(config.model, config.cache_dir)
+
+    def profiled(self, only=None) -> dict:
+        """batcher/profile's measurement, unbounded, from the service's settings (as resolved)."""
+        config, path = Config.from_env(), self.model_path
+        base, how = (config.static_engine(path), config.vllm_engine(path)), {"cache": config.compile_cache_dir}
+        return profiling.measure(path, self.log_path, 7200, only, base, repeats=self.args.repeats, **how)
+
+    def fidelity(self) -> None:  # every candidate against static fp32 eager (the machine profile's run)
+        self.res["fidelity"] = [show.cells(row) for row in self.profiled()["rows"]]
+
+    def profile(self) -> None:
+        """The stored profile beside a fresh measurement of every candidate it found faithful."""
+        stored = store.load(store.machine_key(self.model_path), Config.from_env().profile_dir)
+        if stored is None:
+            raise RuntimeError("no stored profile for this machine: run `python -m batcher.profile --measure`")
+        faithful = {(r["engine"], r["dtype"], r["eager"]) for r in stored["rows"] if choose.faithful(r)}
+        self.res["profile"] = show.beside(stored, self.profiled(only=faithful))
 
     def startup(self) -> None:
         """Cold (a fresh COMPILE_CACHE_DIR) then warm (the same again), the service's settings from the

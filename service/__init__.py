@@ -42,6 +42,9 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
     path = resolve_model(config.model, config.cache_dir)
     # every `auto` resolved here, once, into each engine's settings (shown in /health)
     static_settings, vllm_settings = config.static_engine(path), config.vllm_engine(path)
+    for name, shown in (("static", static_settings.shown()), ("vllm", vllm_settings.shown())):
+        decoding = "eager" if shown.get("enforce_eager", not shown.get("compile")) else "compiled"
+        log.info("%s engine: %s %s on %s (%s)", name, shown["dtype"], decoding, shown["device"], shown["reason"])
     use_compile_cache(config.compile_cache_dir, vllm_settings.device)  # before anything compiles
 
     static_engine = ModelWorker(static_settings, metrics=metrics)

@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass, field, fields
 
 from batcher.checkpoint import CHECKPOINT_NAME, DEFAULT_CACHE_DIR, DEFAULT_MODEL
+from batcher.compile_cache import DEFAULT_COMPILE_CACHE_DIR
+from batcher.profile.store import DEFAULT_PROFILE_DIR
 from batcher.settings import StaticSettings, VLLMSettings
 
 # VLLMSettings fields that are the Config field `vllm_<name>` as it is
@@ -27,14 +29,17 @@ def _flag(value: str) -> bool:
 class Config:
     # model
     model: str = DEFAULT_MODEL  # "smollm2", a Hugging Face model id or a local folder
+    # auto: from the machine profile (`make setup` measures it; batcher/profile), per engine:
+    # faithful first, then fastest; fp32 eager where this machine has no profile
     dtype: str = "auto"  # auto | bfloat16 | float16 | float32
     device: str = "auto"  # auto | cpu | cuda
     cache_dir: str = DEFAULT_CACHE_DIR
+    profile_dir: str = DEFAULT_PROFILE_DIR  # the machine profiles (one JSON per machine key)
     served_model_name: str = ""  # the id in /v1/models; "": the model folder's name (or MODEL itself)
     # API_KEY: one key or several, comma-separated; when set, the generate routes want
     # "Authorization: Bearer <key>" (unset: open, for localhost)
     api_key: str = field(default="", repr=False)
-    compile_cache_dir: str = ".cache/compile"  # vLLM's and Inductor's compile caches; "" = theirs
+    compile_cache_dir: str = DEFAULT_COMPILE_CACHE_DIR  # vLLM's and Inductor's compile caches; "" = theirs
     # static batching
     batch_size: int = 4
     batch_wait_ms: float = 0.0
@@ -47,7 +52,7 @@ class Config:
     max_body_bytes: int = 1 << 20
     request_timeout_s: float = 120.0
     torch_threads: int = 0  # 0: every core the process may use
-    # auto: a compiled decode step over a static KV cache on a GPU; eager on CPU (see README)
+    # auto: from the profile on a CPU (fp32 eager without one); compiled on a GPU
     static_compile: str = "auto"  # auto | 0 | 1
     # continuous batching (vLLM)
     vllm_enabled: bool = True
@@ -56,7 +61,7 @@ class Config:
     vllm_kv_cache_gib: int = 1  # CPU only: VLLM_CPU_KVCACHE_SPACE, whole GiB
     vllm_gpu_memory_utilization: float = 0.5  # GPU only
     vllm_max_inbox: int = 256
-    # auto: eager on CPU (starts sooner and answers closer to fp32 here, see README), compiled on GPU
+    # auto: from the profile on a CPU (eager without one); compiled on a GPU
     vllm_enforce_eager: str = "auto"  # auto | 0 | 1
     vllm_tensor_parallel_size: int = 1  # GPUs one vLLM engine spans (a model larger than one GPU)
 
@@ -108,14 +113,18 @@ class Config:
     # --- each engine's slice, every auto resolved (batcher/device.py; imported here, not at the
     # top, because it imports torch and deploy/ and the gunicorn master read Config without it)
     def static_engine(self, model_path: str) -> StaticSettings:
-        from batcher.device import dtype_name, pick_compile, pick_device, pick_dtype
+        from batcher.device import pick, pick_device, switch
 
         device = pick_device(self.device)
+        compiles = switch(self.static_compile)
+        eager = None if compiles is None else not compiles
+        picked = pick("static", self.dtype, eager, device, model_path, self.profile_dir)
         return StaticSettings(
             model_path=model_path,
             device=device,
-            dtype=dtype_name(pick_dtype(self.dtype, device)),
-            compile=pick_compile(self.static_compile, device),
+            dtype=picked.dtype,
+            compile=not picked.eager,
+            reason=picked.reason,
             batch_size=self.batch_size,
             batch_wait_ms=self.batch_wait_ms,
             max_queue=self.max_queue,
@@ -125,15 +134,17 @@ class Config:
         )
 
     def vllm_engine(self, model_path: str) -> VLLMSettings:
-        from batcher.device import dtype_name, pick_device, pick_dtype, pick_enforce_eager
+        from batcher.device import pick, pick_device, switch
 
         device = pick_device("auto")  # vLLM picks its own platform; DEVICE is the static engine's
+        picked = pick("vllm", self.dtype, switch(self.vllm_enforce_eager), device, model_path, self.profile_dir)
         return VLLMSettings(
             model_path=model_path,
             enabled=self.vllm_enabled,
             device=device,
-            dtype=dtype_name(pick_dtype(self.dtype, device)),
-            enforce_eager=pick_enforce_eager(self.vllm_enforce_eager, device),
+            dtype=picked.dtype,
+            enforce_eager=picked.eager,
+            reason=picked.reason,
             max_input_tokens=self.max_input_tokens,
             # the rest as VLLM_<NAME> sets them
             **{name: getattr(self, f"vllm_{name}") for name in VLLM_AS_SET},

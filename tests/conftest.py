@@ -19,6 +19,14 @@ from service import create_app, shutdown
 from service.config import Config
 
 KEY = "test-key"  # one of the shared server's two API keys (`shared_server`)
+# What the tests pin where they do not test the defaults (an operator's environment still wins):
+# fp32, so engines compare to rounding, and eager, so no test server compiles at its start when
+# this machine's profile (batcher/profile) chose compiled decoding. `shared_server` runs at the
+# defaults instead: the lm-eval test is about what a user gets.
+PINNED = {"DTYPE": "float32", "STATIC_COMPILE": "0", "VLLM_ENFORCE_EAGER": "1"}
+DEFAULTS = dict.fromkeys(PINNED, "auto")
+for _name, _value in PINNED.items():
+    os.environ.setdefault(_name, _value)
 
 
 def auth(key: str = KEY) -> dict:
@@ -57,9 +65,7 @@ def shared_server(tmp_path_factory):
     A test that changes a server's state or needs other settings starts its own; one that reads
     the log or the metrics reads what its own requests added (`Server.log_mark`)."""
     log = tmp_path_factory.mktemp("shared") / "server.log"
-    srv = Server(
-        log, {"API_KEY": f"other-key,{KEY}", "MAX_PROMPTS_PER_REQUEST": "8", "DTYPE": "float32", "THREADS": "32"}
-    )
+    srv = Server(log, {"API_KEY": f"other-key,{KEY}", "MAX_PROMPTS_PER_REQUEST": "8", "THREADS": "32", **DEFAULTS})
     try:
         health = srv.wait_ready(900)
         for name in ("static", "vllm"):

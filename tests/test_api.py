@@ -17,7 +17,7 @@ PARIS = {"prompts": ["The capital of France is"], "max_tokens": 5}
 @contextlib.contextmanager
 def static_app(**settings):
     """An app of its own with the static engine alone, ready, for a test that changes its state."""
-    app = create_app(Config(vllm_enabled=False, **settings))
+    app = create_app(Config(vllm_enabled=False, static_compile="0", **settings))  # eager: conftest's PINNED
     assert app.extensions["engines"]["static"].wait_ready(60)
     try:
         yield app

@@ -36,7 +36,16 @@ TOLERANCE = 1e-3
 
 @pytest.fixture(scope="module")
 def server(shared_server):
-    return shared_server  # tests/conftest.py: the session's gunicorn, both engines, float32, API_KEY set
+    return shared_server  # tests/conftest.py: the session's gunicorn, both engines at the defaults, API_KEY set
+
+
+@pytest.fixture(scope="module")
+def in_fp32(server) -> None:
+    """The 1e-3 comparisons hold between fp32 runs; the defaults are fp32 unless this machine's
+    profile measured another dtype faithful and faster (then only the scores must agree)."""
+    dtypes = {engine["settings"]["dtype"] for engine in server.health()["engines"].values()}
+    if dtypes != {"float32"}:
+        pytest.skip(f"the defaults here are {sorted(dtypes)}: loglikelihoods agree to 1e-3 in fp32 only")
 
 
 def lm_eval_args(url: str, model_path: str, tokenized: bool, output: Path) -> list[str]:
@@ -161,7 +170,7 @@ def test_the_generations_are_the_same_on_both_engines(runs):
     assert all(t == texts["vllm", True] for t in texts.values()), texts
 
 
-def test_each_choices_loglikelihood_is_the_same_on_both_engines(runs):
+def test_each_choices_loglikelihood_is_the_same_on_both_engines(runs, in_fp32):
     for tokenized in (True, False):
         vllm, static = choice_loglikelihoods(runs["vllm", tokenized]), choice_loglikelihoods(runs["static", tokenized])
         assert len(vllm) == 64 and vllm.keys() == static.keys()
@@ -175,7 +184,7 @@ def test_each_choices_loglikelihood_is_the_same_on_both_engines(runs):
 # generated token, also when it is EOS (it has no text). Where the model would end the text right
 # after the continuation (" 9" after "square root of 81?"), an engine that dropped the EOS record
 # lost the continuation's last token instead: -1.19 against -5.61 on vLLM's server and transformers.
-def test_each_choices_loglikelihood_is_what_transformers_computes(runs, transformers_loglikelihoods):
+def test_each_choices_loglikelihood_is_what_transformers_computes(runs, in_fp32, transformers_loglikelihoods):
     reference = transformers_loglikelihoods
     assert len(reference) == 64
     for key, run in runs.items():

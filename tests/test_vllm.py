@@ -135,7 +135,10 @@ def test_an_abort_that_fails_is_logged_and_the_prompts_still_answered(vllm_app, 
 def test_health_shows_each_engines_resolved_settings_and_the_same_counts(vllm_app, vllm_client):
     engines = vllm_client.get("/health").json["engines"]
     static, vllm = engines["static"]["settings"], engines["vllm"]["settings"]
-    assert set(static) == {"device", "dtype", "compile"} and set(vllm) == {"device", "dtype", "enforce_eager"}
+    assert set(static) == {"device", "dtype", "compile", "reason"}
+    assert set(vllm) == {"device", "dtype", "enforce_eager", "reason"}
+    # the session's app sets DTYPE, and conftest's PINNED the eager knobs: no profile is read
+    assert static["reason"] == vllm["reason"] == "set explicitly"
     assert "auto" not in [*static.values(), *vllm.values()]  # resolved, once, at create_app
     runner = vllm_app.extensions["engines"]["static"].runner
     assert (runner.device, str(runner.dtype), runner.compiles) == (

@@ -1,0 +1,81 @@
+"""The rule that turns a profile into each engine's `auto`s: faithful first, then fastest.
+
+Pure functions of the measured rows (tests/test_profile.py feeds them fake ones). A row:
+{"engine", "dtype", "eager", "status" ("measured", "timed out", "failed: ...", "not run: ..."),
+"exact", "of", "prefix", "france", "start_s", "compile_s", "speed": {"1": s, "4": s, "64": s}}.
+"""
+
+from __future__ import annotations
+
+MIN_PREFIX = 0.95  # the mean agreeing prefix with the static fp32 eager reference
+# How much each request size counts: one prompt most (what a newcomer tries first, and a chat
+# user's every turn), a round of 4 next (the static engine's default batch), 64 the least (a
+# bulk client, who is also the one who reads the docs). Renormalised over the sizes measured.
+WEIGHTS = {"1": 0.6, "4": 0.3, "64": 0.1}
+NEAR = 1.05  # candidates within 5% of the best score: the one that starts soonest wins
+SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+FALLBACK = ("float32", True)  # no profile, no faithful row: slow is acceptable, unfaithful is not
+
+
+def faithful(row: dict) -> bool:
+    return row.get("status") == "measured" and row.get("prefix", 0) >= MIN_PREFIX and bool(row.get("france"))
+
+
+def scores(rows: list[dict]) -> list[float]:
+    """Each row's weighted time, every size's seconds divided by the fastest row's at that size:
+    1.0 is fastest at every size; lower is better."""
+    sizes = [n for n in WEIGHTS if all(n in row.get("speed", {}) for row in rows)]
+    total = sum(WEIGHTS[n] for n in sizes) or 1.0
+    best = {n: min(row["speed"][n] for row in rows) or 1e-9 for n in sizes}
+    return [sum(WEIGHTS[n] * row["speed"][n] / best[n] for n in sizes) / total for row in rows]
+
+
+def label(row: dict) -> str:
+    return f"{row['engine']} {row['dtype']} {'eager' if row['eager'] else 'compiled'}"
+
+
+def describe(row: dict) -> str:
+    speed = "/".join(f"{row['speed'][n]:.2f}" for n in WEIGHTS if n in row.get("speed", {}))
+    sizes = "/".join(n for n in WEIGHTS if n in row.get("speed", {}))
+    return (
+        f"{label(row)}: {row['exact']}/{row['of']} exact, prefix {row['prefix']:.2f}, France right, "
+        f"{sizes} prompts {speed} s, start {row.get('start_s', 0):.0f} s"
+    )
+
+
+def choose(rows: list[dict], engine: str, dtype: str | None = None, eager: bool | None = None) -> tuple:
+    """(the row `engine` should run, why), or (None, why) when no measured row is faithful.
+    `dtype` / `eager`: set explicitly, so only rows with that value compete."""
+    mine = [r for r in rows if r["engine"] == engine and dtype in (None, r["dtype"]) and eager in (None, r["eager"])]
+    eligible = [r for r in mine if faithful(r)]
+    if not eligible:
+        return None, f"none of {len(mine)} {engine} candidates measured faithful"
+    ranked = sorted(zip(scores(eligible), eligible, strict=True), key=lambda pair: pair[0])
+    near = [row for score, row in ranked if score <= ranked[0][0] * NEAR]
+    row = min(near, key=lambda r: (r.get("start_s") or 0) + (r.get("compile_s") or 0))
+    return row, f"{describe(row)} (fastest of {len(eligible)} faithful)"
+
+
+def resolve(profile: dict | None, engine: str, dtype: str, eager: bool | None) -> tuple[str, bool, str]:
+    """(dtype, eager, reason) for `engine`: `dtype` "auto" or a name; `eager` None (auto) or set.
+    An explicit value wins; the rest comes from the profile, or is fp32 eager without one."""
+    explicit = dtype != "auto", eager is not None
+    dtype_set, eager_set = (dtype if explicit[0] else None), eager
+    if all(explicit):
+        return dtype, eager, "set explicitly"
+    fallback = (dtype_set or FALLBACK[0], FALLBACK[1] if eager_set is None else eager_set)
+    if profile is None:
+        return (*fallback, f"no profile: {_short(*fallback)}")
+    when = f"profile {profile.get('measured_at', '?')}"
+    if profile.get("reference") != "measured":
+        reference = profile.get("reference")
+        return (*fallback, f"{when}: the fp32 eager reference was not measured ({reference}): {_short(*fallback)}")
+    row, why = choose(profile["rows"], engine, dtype_set, eager_set)
+    if row is None:
+        return (*fallback, f"{when}: {why}: {_short(*fallback)}")
+    return row["dtype"], row["eager"], f"{when}: {why}"
+
+
+def _short(dtype: str, eager: bool) -> str:
+    """("float32", True) -> "fp32 eager"."""
+    return f"{SHORT.get(dtype, dtype)} {'eager' if eager else 'compiled'}"

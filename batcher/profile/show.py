@@ -1,0 +1,75 @@
+"""The profile as a markdown table, and each engine's choice: for `python -m batcher.profile`
+and the bench."""
+
+from __future__ import annotations
+
+from batcher.profile import choose
+
+
+def cells(row: dict) -> dict:
+    """One row as the table shows it."""
+    measured = row.get("status") == "measured"
+    speed = row.get("speed", {})
+    france = "yes" if row.get("france") else f"no: {row.get('france_text', '')}"
+    return {
+        "engine": row["engine"],
+        "dtype": row["dtype"],
+        "decoding": "eager" if row["eager"] else "compiled",
+        "status": row.get("status", "?"),
+        "exact": f"{row['exact']}/{row['of']}" if measured else "-",
+        "agreeing prefix": f"{row['prefix']:.2f}" if measured else "-",
+        "France -> Paris": france if measured else "-",
+        "start (s)": row.get("start_s", "-"),
+        "compile (s)": round(row["compile_s"], 1) if row.get("compile_s") else "-",
+        **{f"{n} prompts (s)": speed.get(n, "-") for n in choose.WEIGHTS},
+        "faithful": "yes" if choose.faithful(row) else "no",
+    }
+
+
+def markdown(rows: list[dict]) -> list[str]:
+    if not rows:
+        return []
+    head = list(rows[0])
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return out + ["| " + " | ".join(str(row[name]) for name in head) + " |" for row in rows]
+
+
+def lines(profile: dict | None) -> list[str]:
+    """The table, the notes, and what `auto` resolves to per engine."""
+    if profile is None:
+        out = ["no profile for this machine (run `python -m batcher.profile --measure`, or `make setup`)"]
+    else:
+        out = [f"measured {profile['measured_at']} in {profile['wall_s']} s (budget {profile['budget_s']:.0f} s)"]
+        out += markdown([cells(row) for row in profile["rows"]])
+        out += [f"- {note}" for note in profile.get("notes", [])]
+    for engine in ("static", "vllm"):
+        dtype, eager, reason = choose.resolve(profile, engine, "auto", None)
+        out.append(f"{engine}: auto -> {choose.SHORT[dtype]} {'eager' if eager else 'compiled'} ({reason})")
+    return out
+
+
+def beside(stored: dict, fresh: dict) -> list[dict]:
+    """Each candidate measured again in `fresh` beside its `stored` row: seconds at 1/4/64
+    prompts, then and now; per engine, whether `auto`'s choice (by the stored profile) is, fresh,
+    within 10% of the fastest faithful candidate's weighted time."""
+    stored_rows = {choose.label(r): r for r in stored["rows"]}
+    out = []
+    for engine in ("static", "vllm"):
+        dtype, eager, _ = choose.resolve(stored, engine, "auto", None)
+        chosen = choose.label({"engine": engine, "dtype": dtype, "eager": eager})
+        rows = [r for r in fresh["rows"] if r["engine"] == engine and r.get("status") == "measured"]
+        faithful = [r for r in rows if choose.faithful(r)]
+        score = dict(zip(map(choose.label, faithful), choose.scores(faithful), strict=True))
+        for row in rows:
+            then = stored_rows.get(choose.label(row), {}).get("speed", {})
+            now = cells(row)
+            out.append({
+                "candidate": choose.label(row) + (" (auto's choice)" if choose.label(row) == chosen else ""),
+                "stored 1/4/64 (s)": "/".join(str(then.get(n, "-")) for n in choose.WEIGHTS),
+                "fresh 1/4/64 (s)": "/".join(str(row["speed"].get(n, "-")) for n in choose.WEIGHTS),
+                "fresh: exact, prefix, France": f"{now['exact']}, {now['agreeing prefix']}, {now['France -> Paris']}",
+                "fresh weighted time (1.0 = fastest faithful)": round(score[choose.label(row)], 3)
+                if choose.label(row) in score else "not faithful",
+                "within 10%": "yes" if score.get(choose.label(row), 9) <= 1.10 else "no",
+            })  # fmt: skip
+    return out

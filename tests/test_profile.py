@@ -1,0 +1,157 @@
+"""The machine profile (batcher/profile): the rule on fake measurements, the cache key, a
+measurement that overruns its budget, and every candidate answering on real engines."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from batcher.device import pick
+from batcher.profile import child, choose, measure, store
+from batcher.static.runner import Runner
+from service.config import Config
+
+PARIS = "The capital of France is"
+
+
+def row(engine, dtype, eager, speed, prefix=1.0, france=True, start=5.0, status="measured") -> dict:
+    sizes = ("1", "4", "64") if engine == "vllm" else ("1", "4")
+    return {
+        "engine": engine, "dtype": dtype, "eager": eager, "status": status, "exact": 20, "of": 20,
+        "prefix": prefix, "france": france, "start_s": start, "compile_s": None,
+        "speed": dict(zip(sizes, speed, strict=False)),
+    }  # fmt: skip
+
+
+def profile(*rows) -> dict:
+    return {"measured_at": "2026-12-01T21:00:00Z", "reference": "measured", "rows": list(rows)}
+
+
+FP32 = row("vllm", "float32", True, (0.8, 0.9, 2.4))
+
+
+def test_bf16_fast_but_unfaithful_is_not_chosen():
+    bf16 = row("vllm", "bfloat16", True, (0.5, 0.5, 1.0), prefix=0.61, france=False)
+    bf16_close = row("vllm", "bfloat16", False, (0.4, 0.4, 0.9), prefix=0.94)  # France right, prefix short
+    dtype, eager, reason = choose.resolve(profile(FP32, bf16, bf16_close), "vllm", "auto", None)
+    assert (dtype, eager) == ("float32", True)
+    assert "profile 2026-12-01" in reason and "vllm float32 eager" in reason
+
+
+def test_compiled_and_faster_is_chosen():
+    compiled = row("vllm", "float32", False, (0.66, 0.7, 2.2), start=58.0)
+    assert choose.resolve(profile(FP32, compiled), "vllm", "auto", None)[:2] == ("float32", False)
+
+
+def test_compiling_slower_stays_eager():
+    compiled = row("vllm", "float32", False, (0.9, 1.0, 2.5), start=58.0)
+    assert choose.resolve(profile(FP32, compiled), "vllm", "auto", None)[:2] == ("float32", True)
+
+
+def test_within_five_percent_the_sooner_start_wins_and_one_prompt_weighs_most():
+    barely = row("vllm", "float32", False, (0.78, 0.88, 2.35), start=58.0)  # ~2% faster, 53 s more start
+    assert choose.resolve(profile(FP32, barely), "vllm", "auto", None)[:2] == ("float32", True)
+    # slower at 64 prompts, much faster at one: the one prompt decides
+    one_fast = row("vllm", "float16", True, (0.5, 0.9, 3.0))
+    assert choose.resolve(profile(FP32, one_fast), "vllm", "auto", None)[:2] == ("float16", True)
+
+
+def test_no_profile_or_no_reference_is_fp32_eager_and_says_so():
+    assert choose.resolve(None, "static", "auto", None) == ("float32", True, "no profile: fp32 eager")
+    lost = {**profile(FP32), "reference": "timed out after 3 s"}
+    dtype, eager, reason = choose.resolve(lost, "vllm", "auto", None)
+    assert (dtype, eager) == ("float32", True) and "reference was not measured (timed out after 3 s)" in reason
+
+
+def test_an_explicit_knob_wins():
+    fast = row("static", "float16", False, (0.3, 0.5))
+    slow = row("static", "float32", True, (1.0, 2.0))
+    assert choose.resolve(profile(fast, slow), "static", "auto", None)[:2] == ("float16", False)
+    assert choose.resolve(profile(fast, slow), "static", "float32", None)[:2] == ("float32", True)
+    assert choose.resolve(profile(fast, slow), "static", "auto", True)[:2] == ("float32", True)
+    assert choose.resolve(profile(fast, slow), "static", "bfloat16", True) == ("bfloat16", True, "set explicitly")
+    # set, but nothing measured faithful with it: the other knob falls back, saying why
+    assert choose.resolve(profile(slow), "static", "auto", False)[:2] == ("float32", False)
+
+
+def test_the_cache_key_misses_on_a_changed_cpu_flag_or_torch_version(tmp_path, model_path, monkeypatch):
+    key = store.machine_key(model_path)
+    assert key["cpu"].get("flags") and key["torch"] and key["model"]["bytes"]
+    store.save({**profile(row("static", "float16", True, (0.3, 0.5))), "key": key}, tmp_path)
+    assert store.load(key, tmp_path)["key"] == key
+    flagged = {**key, "cpu": {**key["cpu"], "flags": [*key["cpu"]["flags"], "avx512_bf16"]}}
+    assert store.load(flagged, tmp_path) is None
+    assert store.load({**key, "torch": "2.99.0"}, tmp_path) is None
+    # through the one place autos resolve: the profile's choice, then a changed machine's fallback
+    assert pick("static", "auto", None, "cpu", model_path, str(tmp_path)).dtype == "float16"
+    monkeypatch.setattr(store, "cpu_info", lambda: flagged["cpu"])
+    assert pick("static", "auto", None, "cpu", model_path, str(tmp_path)).reason == "no profile: fp32 eager"
+
+
+def test_the_measurement_conditions_are_the_services_defaults(model_path, tmp_path):
+    config = Config(profile_dir=str(tmp_path))
+    for mine, service in zip(measure.templates(model_path), (config.static_engine, config.vllm_engine), strict=True):
+        theirs = service(model_path)
+        assert dataclasses.replace(mine, reason=theirs.reason) == theirs
+
+
+def test_a_measurement_over_its_budget_falls_back_to_fp32_eager_and_says_so(model_path, tmp_path):
+    # the reference alone needs far more than 2 s: it is killed (or never starts), nothing else runs
+    result = measure.measure(model_path, tmp_path / "log", budget_s=2, cache="")
+    assert result["reference"].startswith("timed out")
+    assert all(r["status"] != "measured" for r in result["rows"]) and len(result["rows"]) == 12
+    store.save(result, tmp_path)
+    picked = pick("vllm", "auto", None, "cpu", model_path, str(tmp_path))
+    assert (picked.dtype, picked.eager) == ("float32", True)
+    assert "reference was not measured (timed out" in picked.reason
+    # a candidate's own process past its time: killed, recorded as timed out, not eligible
+    static, _ = measure.templates(model_path)
+    with open(tmp_path / "log", "a") as log:
+        row = measure.measure_one("static", "float32", True, static, ["Hello"], log, timeout=1)
+    assert row["status"] == "timed out after 1 s" and not choose.faithful(row)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)
+
+
+# Eager, on each dtype. Compiled is left to the profile run's own record (`python -m
+# batcher.profile` shows each compiled row's answers against the reference): a compiled vLLM start
+# is a minute or more here per dtype; the compiled static engine on fp32 is test_static_compile.py's.
+@pytest.mark.parametrize("dtype", measure.DTYPES)
+def test_both_engines_answer_on_every_dtype(dtype, model_path, tokenizer, tmp_path):
+    static, vllm = measure.templates(model_path)
+    runner = Runner(dataclasses.replace(static, dtype=dtype))
+    (ids,) = _static_generate(runner)
+    spec = dict(engine="vllm", settings=dataclasses.asdict(dataclasses.replace(vllm, dtype=dtype)))
+    with open(tmp_path / "vllm.log", "w") as log:
+        out = child.run({**spec, "texts": [PARIS], "max_tokens": 4}, log, timeout=300)
+    for tokens in (ids, out["completions"][0]):
+        assert tokens, dtype
+    if dtype == "float32":
+        assert "Paris" in tokenizer.decode(ids) and "Paris" in tokenizer.decode(out["completions"][0])
+
+
+def _static_generate(runner: Runner) -> list[list[int]]:
+    from batcher.sampling import SamplingParams
+    from batcher.sequence import Sequence
+
+    seqs = [Sequence(PARIS, SamplingParams(max_tokens=4))]
+    runner.generate(seqs, runner.encode([PARIS]))
+    return [list(seq.token_ids) for seq in seqs]
+
+
+def test_the_start_log_and_health_say_each_engines_choice_and_why(tmp_path, caplog):
+    from service import create_app
+
+    caplog.set_level("INFO", logger="service")
+    app = create_app(Config(vllm_enabled=False, profile_dir=str(tmp_path)), start=False)  # no engine thread
+    lines = [r.getMessage() for r in caplog.records if r.name == "service"]
+    for engine in ("static", "vllm"):
+        assert f"{engine} engine: float32 eager on cpu (no profile: fp32 eager)" in lines
+    settings = app.extensions["engines"]["static"].health()["settings"]
+    assert settings == {"device": "cpu", "dtype": "float32", "compile": False, "reason": "no profile: fp32 eager"}
