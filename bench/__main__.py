@@ -1,4 +1,4 @@
-"""Benchmark the service under gunicorn, phase by phase (the README's *Benchmark*); print markdown
+"""Benchmark the service under gunicorn, phase by phase (docs/performance.md); print markdown
 tables, write JSON. `python -m bench` (quick: N=1 4 16, one repeat; under 8 min on 2 busy cores),
 `--full` (every phase, N=1 4 16 64, 3 repeats; about an hour), `--only PHASE ...`, `--skip PHASE ...`."""
 

@@ -182,7 +182,7 @@ def run(s: Settings) -> None:
 
 def serve(s: Settings) -> None:
     """`make serve`: nginx on HOST:PORT in front of one gunicorn on 127.0.0.1:PORT+1; without
-    nginx, plain gunicorn on HOST:PORT, which slow clients can starve (README, *Two commands*)."""
+    nginx, plain gunicorn on HOST:PORT, which slow clients can starve (docs/operations.md)."""
     if find_tool("nginx") is None:  # e.g. `make setup` not run as root
         logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
         logging.getLogger("deploy.serve").warning(

@@ -49,7 +49,7 @@ def in_fp32(server) -> None:
 
 
 def lm_eval_args(url: str, model_path: str, tokenized: bool, output: Path) -> list[str]:
-    """The command line as the README gives it, after `python -m lm_eval`, for one engine's base URL."""
+    """The command line as docs/openai.md gives it, after `python -m lm_eval`, for one engine's base URL."""
     model_args = {
         "model": MODEL,
         "base_url": f"{url}/completions",

@@ -1,6 +1,6 @@
 """lm-eval's own command line (`lm_eval._cli.HarnessCLI`, what `python -m lm_eval` runs), once per
 argument list, all in one process: each lm-eval process spends about 20 s importing before it
-indexes its tasks, so tests/test_eval.py runs `python -m lm_eval` itself once, as the README gives
+indexes its tasks, so tests/test_eval.py runs `python -m lm_eval` itself once, as docs/openai.md gives
 it, and its other runs through this.
 
     python -m tests.eval.harness ARGS... [--next ARGS...]...
