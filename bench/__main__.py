@@ -20,7 +20,7 @@ from batcher.checkpoint import resolve_model
 from batcher.profile import child, choose, show, store
 from batcher.profile import measure as profiling
 from bench import measure, report, serve_client, structured, wait
-from bench.server import ROOT, SETTLED, Server
+from deploy.server import ROOT, SETTLED, Server
 from service.config import Config
 
 SWEEP_N, SWEEP, BASIC_MAX_N, READY_TIMEOUT_S, STARTUP_TIMEOUT_S = 64, [1, 2, 4, 8, 16, 64], 16, 300, 1500

@@ -14,7 +14,7 @@ from batcher import fence
 from batcher.checkpoint import resolve_model
 from batcher.settings import StaticSettings
 from batcher.static.runner import Runner
-from bench.server import Server
+from deploy.server import Server
 from service import create_app, shutdown
 from service.config import Config
 

@@ -11,7 +11,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.server import Server
+from deploy.server import Server
 from tests.conftest import wait_until
 
 GENEROUS = "3600000"  # an hour: never refused, even on a starved CPU

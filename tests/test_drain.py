@@ -16,7 +16,7 @@ import requests
 
 from batcher.errors import ShuttingDown
 from batcher.sequence import Status
-from bench.server import Server
+from deploy.server import Server
 from tests.conftest import wait_until
 from tests.test_worker import GATE, submit, wait
 

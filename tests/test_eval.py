@@ -24,7 +24,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from bench.server import ROOT
+from deploy.server import ROOT
 from tests.conftest import KEY
 
 TASKS = ROOT / "tests" / "eval"

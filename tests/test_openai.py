@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoTokenizer
 
 from bench import serve_client
-from bench.server import Server
+from deploy.server import Server
 from tests.conftest import KEY, auth, wait_until
 
 MODEL = "SmolLM2-135M-Instruct"

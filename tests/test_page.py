@@ -11,7 +11,7 @@ import shutil
 import pytest
 import requests
 
-from bench.server import Server
+from deploy.server import Server
 from tests.conftest import wait_until
 
 CHROMIUM = shutil.which("chromium")

@@ -1,5 +1,5 @@
 """The real service under gunicorn on a free loopback port: one launcher and one /health poller,
-for bench/ and the tests."""
+for bench/ and the tests (beside cluster.py, the other way the service is run)."""
 
 import os
 import signal
