@@ -165,7 +165,10 @@ def finished(head: dict, seq: Sequence, item: dict) -> dict:
     cut = seq.finish_reason == "length"
     counts = {"input_tokens": seq.prompt_tokens or 0, "output_tokens": len(seq.token_ids)}
     counts["total_tokens"] = counts["input_tokens"] + counts["output_tokens"]
-    details = {"input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}
+    details = {
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": 0},
+    }
     return {
         **head,
         "status": "incomplete" if cut else "completed",
