@@ -74,7 +74,10 @@ def _template_file(path: str) -> str:
 @functools.cache
 def reads_tools(template: str) -> bool:
     """Whether a chat template renders `tools` (it names the variable)."""
-    return "tools" in jinja2.meta.find_undeclared_variables(jinja2.Environment().parse(template))
+    try:
+        return "tools" in jinja2.meta.find_undeclared_variables(jinja2.Environment().parse(template))
+    except jinja2.TemplateSyntaxError:  # a tag of transformers' own (`{% generation %}`): read the text
+        return "tools" in template
 
 
 def render(messages: list[dict], tools: Tools | None = None, *, add_generation_prompt: bool = True) -> str:

@@ -17,6 +17,8 @@ import pytest
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field
 
+from service import tool_prompt, tool_replies
+from service import tools as service_tools
 from tests import test_openai
 from tests.conftest import KEY
 from tests.test_openai import BASES, MODEL
@@ -244,3 +246,51 @@ def test_unimplemented_responses_fields_are_a_400_naming_them(server, sdk, field
         sdk.responses.create(model=MODEL, input="hi", max_output_tokens=2, extra_body={field: value})
     assert refused.value.body["param"] == field, refused.value.body
     nothing_held(server)
+
+
+# --- the parts without a server: the grammar's bounds, the prompt, the parse back
+
+
+def test_the_decoder_streams_what_the_whole_reply_parses_to():
+    tools = service_tools.parse({"tools": TOOLS})  # auto
+    for text in (
+        '{"tool_call":{"name":"add","arguments":{"a":2,"b":3}}}',
+        '{"response":"It is \\"sunny\\" in Montr\\u00e9al.\\n"}',
+    ):
+        decoder = tool_replies.Decoder(tools)
+        events = [e for ch in text for e in decoder.feed(ch)] + decoder.finish()
+        content, call = tool_replies.parse(text, tools)
+        if call is not None:
+            assert events[0] == ("call", "add") and [k for k, _ in events[1:]] == ["arguments"] * (len(events) - 1)
+            assert "".join(part for _, part in events[1:]) == call["function"]["arguments"] == '{"a":2,"b":3}'
+        else:
+            assert "".join(part for _, part in events) == content == 'It is "sunny" in Montréal.\n'
+
+
+def test_a_reply_cut_short_is_text_not_a_call():
+    tools = service_tools.parse({"tools": TOOLS, "tool_choice": "required"})
+    cut = '{"tool_call":{"name":"add","arguments":{"a":2'
+    assert tool_replies.parse(cut, tools) == (cut, None)
+
+
+def test_free_strings_and_arrays_get_a_bound_and_the_rest_is_kept():
+    schema = {"type": "object", "properties": {"s": {"type": "string"}, "e": {"type": "string", "enum": ["x"]}}}
+    schema["properties"]["l"] = {"type": "array", "items": {"type": "string", "maxLength": 3}}
+    out = service_tools.bounded(schema)["properties"]
+    assert out["s"]["maxLength"] == service_tools.STRING_MAX_LENGTH and "maxLength" not in out["e"]
+    assert out["l"]["maxItems"] == service_tools.ARRAY_MAX_ITEMS and out["l"]["items"]["maxLength"] == 3
+
+
+def test_the_prompt_states_the_tools_and_writes_the_tool_turns_in_our_format():
+    tools = service_tools.parse({"tools": TOOLS, "tool_choice": "auto"})
+    call = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a":1,"b":2}'}}
+    history = [
+        {"role": "user", "content": "1+2?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "3"},
+    ]
+    system, user, assistant, result = tool_prompt.plain(history, tools)
+    assert system["role"] == "system" and '"name":"get_weather"' in system["content"]
+    assert '{"response":' in system["content"]  # auto: a text answer is allowed, and said so
+    assert assistant == {"role": "assistant", "content": '{"tool_call":{"name":"add","arguments":{"a":1,"b":2}}}'}
+    assert result == {"role": "user", "content": "Result of add: 3"} and user == history[0]
