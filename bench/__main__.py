@@ -115,6 +115,7 @@ class Bench:
 
     def structured(self) -> None:
         self.res["structured"] = [structured.cost(self.srv, engine, self.args.repeats) for engine in self.engines]
+        self.res["tool_calls"] = [structured.cost(self.srv, e, self.args.repeats, "tool_call") for e in self.engines]
         self.res["grammar_compile"] = [structured.compile_cost(serve_client.model(self.srv.url)[0])]
 
     def wait(self) -> None:  # the predicted wait against the measured one, and admission by deadline

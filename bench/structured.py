@@ -12,11 +12,22 @@ from pathlib import Path
 
 from batcher import grammar
 from bench import measure
+from service.tools import Tools, reply_schema
 
 # an order schema with an enum, a nested object, a bounded array and integers; orders to fill it from
 DATA = json.loads((Path(__file__).resolve().parent / "structured.json").read_text())
 SCHEMA, ORDERS = DATA["schema"], DATA["orders"]
 CONSTRAINED = {"max_tokens": 96, "structured_outputs": {"json": SCHEMA}}
+# a tool call: the grammar service/tools.py constrains a named get_weather call to
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}}}
+CALL = {"name": "get_weather", "parameters": {**WEATHER, "required": ["city", "unit"]}}
+TOOL_SCHEMA = reply_schema(Tools({"get_weather": CALL}, "named", "get_weather"))
+TOOL_CALL = {"max_tokens": 96, "structured_outputs": {"json": TOOL_SCHEMA}}
+CITIES = ["Paris", "Cairo", "Tokyo", "Lima"]
+KINDS = {  # (the constraint, the i-th prompt)
+    "json_schema": (CONSTRAINED, lambda i: f"The order as JSON: {ORDERS[i % len(ORDERS)]} (#{i})"),
+    "tool_call": (TOOL_CALL, lambda i: f"Call get_weather for the weather in {CITIES[i % len(CITIES)]} (#{i}):"),
+}
 PROMPTS = {"static": 4, "vllm": 16}
 
 
@@ -31,23 +42,25 @@ def _timed(srv, engine: str, bodies: list[dict]) -> tuple[float, list[int]]:
     return seconds, [d["tokens"] for d in run.details]
 
 
-def cost(srv, engine: str, repeats: int) -> dict:
-    """One table row: seconds and milliseconds per token each way (medians), and their ratio."""
-    prompts = [f"The order as JSON: {ORDERS[i % len(ORDERS)]} (#{i})" for i in range(PROMPTS[engine])]
-    measure.post(srv.url, measure.PATHS[engine], {"prompts": prompts[:1], **CONSTRAINED, "max_tokens": 4})  # warm
+def cost(srv, engine: str, repeats: int, kind: str = "json_schema") -> dict:
+    """One table row: seconds and milliseconds per token each way (medians), and their ratio;
+    `kind`: the constraint, a json_schema or a tool call (KINDS)."""
+    constrained, prompt = KINDS[kind]
+    prompts = [prompt(i) for i in range(PROMPTS[engine])]
+    measure.post(srv.url, measure.PATHS[engine], {"prompts": prompts[:1], **constrained, "max_tokens": 4})  # warm
     runs = []  # per repeat: (json_schema seconds, none seconds, tokens)
     for _ in range(repeats):
-        seconds, tokens = _timed(srv, engine, [{"prompts": [p], **CONSTRAINED} for p in prompts])
+        seconds, tokens = _timed(srv, engine, [{"prompts": [p], **constrained} for p in prompts])
         free = [{"prompts": [p], "max_tokens": n, "ignore_eos": True} for p, n in zip(prompts, tokens, strict=True)]
         free_s, free_tokens = _timed(srv, engine, free)
         if free_tokens != tokens:
             raise RuntimeError(f"{engine}: the free twins generated {free_tokens} tokens, not {tokens}")
         runs.append((seconds, free_s, sum(tokens)))
     row = {"engine": engine, "prompts": len(prompts), "tokens": sum(tokens)}
-    for kind, at in (("json_schema", 0), ("none", 1)):
-        row[f"{kind} (s)"] = round(statistics.median(run[at] for run in runs), 2)
-        row[f"{kind} (ms/token)"] = round(statistics.median(1000 * run[at] / run[2] for run in runs), 1)
-    row["json_schema/none per token"] = round(row["json_schema (ms/token)"] / row["none (ms/token)"], 3)
+    for way, at in ((kind, 0), ("none", 1)):
+        row[f"{way} (s)"] = round(statistics.median(run[at] for run in runs), 2)
+        row[f"{way} (ms/token)"] = round(statistics.median(1000 * run[at] / run[2] for run in runs), 1)
+    row[f"{kind}/none per token"] = round(row[f"{kind} (ms/token)"] / row["none (ms/token)"], 3)
     print(f"  {row}", flush=True)
     return row
 

@@ -39,6 +39,8 @@ class Config:
     # API_KEY: one key or several, comma-separated; when set, the generate routes want
     # "Authorization: Bearer <key>" (unset: open, for localhost)
     api_key: str = field(default="", repr=False)
+    # CHAT_TEMPLATE: a Jinja chat template file that replaces the model's own (vLLM's --chat-template)
+    chat_template: str = ""
     compile_cache_dir: str = DEFAULT_COMPILE_CACHE_DIR  # vLLM's and Inductor's compile caches; "" = theirs
     # static batching
     batch_size: int = 4
@@ -88,6 +90,8 @@ class Config:
             raise ValueError(f"STATIC_COMPILE must be auto, 0 or 1, got {self.static_compile!r}")
         if self.vllm_enforce_eager not in ("auto", "0", "1"):
             raise ValueError(f"VLLM_ENFORCE_EAGER must be auto, 0 or 1, got {self.vllm_enforce_eager!r}")
+        if self.chat_template and not os.path.isfile(self.chat_template):
+            raise ValueError(f"CHAT_TEMPLATE must be a file, got {self.chat_template!r}")
         if self.max_input_tokens + self.max_new_tokens_limit > self.vllm_max_model_len:
             raise ValueError("MAX_INPUT_TOKENS + MAX_NEW_TOKENS_LIMIT must fit in VLLM_MAX_MODEL_LEN")
 

@@ -25,14 +25,18 @@ from service import (
     generation,
     openai_fields,
     openai_stream,
+    responses,
+    responses_stream,
     schema,
     sse,
     structured,
+    tools,
 )
 from service.echo import Echo
 from service.errors import InvalidRequest, ModelNotFound
 from service.openai_replies import ChatShape, TextShape, usage
 from service.params import chat_logprobs, parse_n, parse_prompt_logprobs, parse_sampling
+from service.tool_replies import ToolChatShape
 
 bp = auth.protect(Blueprint("openai", __name__))
 errors.register_openai(bp)
@@ -156,19 +160,46 @@ def completions(engine: str):
     return _respond(TextShape, engine, model, prompts, body, echoed=echoed)
 
 
+def chat_prompt(body: dict) -> tuple[str, dict, tools.Tools | None]:
+    """(the rendered prompt, the body as the sampling parser reads it, the tools) of a chat
+    body: the messages and tools rendered by the chat template, the reply constrained to a call
+    where `tool_choice` asks (service/tools.py). Chat and Responses both run it."""
+    tool_set = tools.parse(body)
+    prompt = chat.render(chat.messages(body.get("messages")), tool_set)
+    return prompt, tools.constrain(body, tool_set, _config()), tool_set
+
+
 @bp.post("/chat/completions")
 def chat_completions(engine: str):
     body = schema.json_body(request)
     openai_fields.check(body, "chat")
     model = check_model(body)
     messages = chat.messages(body.get("messages"))
-    prompt = chat.render(messages)
+    prompt, body, tool_set = chat_prompt(body)
     # the newer name wins, as on vLLM
     max_tokens_key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     top_logprobs = body.get("top_logprobs")
     body = chat_logprobs(body)  # logprobs: true + top_logprobs: k, as the one field the engines read
     echoed = echo.for_chat(messages, top_logprobs) if schema.flag(body, "echo") else None
-    return _respond(ChatShape, engine, model, [prompt], body, max_tokens_key, echoed=echoed)
+    shape = ToolChatShape(tool_set) if tool_set is not None and tool_set.constrained else ChatShape
+    return _respond(shape, engine, model, [prompt], body, max_tokens_key, echoed=echoed)
+
+
+@bp.post("/responses")
+def create_response(engine: str):
+    """OpenAI's Responses API, stateless, over the chat route's rendering and the same
+    generation core (service/responses.py)."""
+    body = schema.json_body(request)
+    asked = responses.check(body)
+    model = check_model(body)
+    prompt, chat_body, tool_set = chat_prompt(responses.as_chat(body))
+    params = parse_sampling(chat_body, _config(), default_temperature=1.0)
+    eng = generation.engine(engine)
+    head = responses.head(model, asked)
+    if schema.flag(body, "stream"):
+        return sse.response(responses_stream.events(generation.Pieces(eng, [prompt], params), head, tool_set))
+    [seq] = generation.complete(eng, [prompt], params)
+    return jsonify(responses.whole(head, seq, tool_set))
 
 
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]

@@ -47,7 +47,8 @@ def _same(value, allowed) -> bool:
     return isinstance(value, bool) == isinstance(allowed, bool) and value == allowed
 
 
-NO_TOOLS = "this service does not call tools"
+CHAT_TOOLS = "tools are a chat field (/chat/completions, /responses)"
+FUNCTIONS = "OpenAI deprecated it; use 'tools' and 'tool_choice'"
 NO_AUDIO = "this service makes text only"
 NOT_YET = "not implemented yet"
 NO_REASONING = "the served model does not reason"
@@ -102,11 +103,11 @@ SHARED: dict[str, Rule] = {
     # OpenAI's fields of either route that we do not implement, refused on both
     "suffix": refused(why="insertion is not implemented"),
     "best_of": refused(1, why="best_of is not implemented (n is)"),
-    "tools": refused(why=NO_TOOLS),
-    "tool_choice": refused("none", why=NO_TOOLS),
-    "parallel_tool_calls": refused(why=NO_TOOLS),
-    "functions": refused(why=NO_TOOLS),
-    "function_call": refused("none", why=NO_TOOLS),
+    "tools": refused(why=CHAT_TOOLS),
+    "tool_choice": refused("none", why=CHAT_TOOLS),
+    "parallel_tool_calls": refused(why=CHAT_TOOLS),
+    "functions": refused(why=FUNCTIONS),
+    "function_call": refused("none", why=FUNCTIONS),
     "audio": refused(why=NO_AUDIO),
     "modalities": refused(["text"], why=NO_AUDIO),
     "prediction": refused(why="predicted outputs are not implemented"),
@@ -130,6 +131,7 @@ CHAT: dict[str, Rule] = {
     "max_completion_tokens": HONOURED,  # wins over max_tokens, as on vLLM
     "top_logprobs": HONOURED,
     "echo": HONOURED,  # vLLM's: the reply starts with the last (assistant) message's text
+    **dict.fromkeys("tools tool_choice parallel_tool_calls".split(), HONOURED),  # service/tools.py
     "add_generation_prompt": refused(True, why="the generation prompt is always added"),
     "continue_final_message": refused(False, why=NOT_YET),
     "documents": refused(why="the chat template is rendered with the messages alone"),
@@ -147,7 +149,8 @@ TOKENIZE: dict[str, Rule] = dict.fromkeys("model prompt add_special_tokens retur
 TOKENIZE_CHAT: dict[str, Rule] = {
     **dict.fromkeys("model messages add_generation_prompt add_special_tokens return_token_strs".split(), HONOURED),
     **{name: CHAT[name] for name in "continue_final_message chat_template chat_template_kwargs".split()},
-    **{name: CHAT[name] for name in "media_io_kwargs mm_processor_kwargs tools".split()},
+    **{name: CHAT[name] for name in "media_io_kwargs mm_processor_kwargs".split()},
+    "tools": refused(why="/tokenize renders the messages alone"),
 }
 
 DETOKENIZE: dict[str, Rule] = dict.fromkeys("model tokens".split(), HONOURED)

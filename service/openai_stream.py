@@ -64,7 +64,8 @@ def chunks(
                 text, records = "", [] if want else None
         choice = shape.delta(index[seq.id], text, records, sent_chars[seq.id], finish_reason)
         sent_chars[seq.id] += len(text)
-        return event(choice, seq.prompt_tokens, generated)
+        choices = choice if isinstance(choice, list) else [choice]  # a tool call's head is a chunk of its own
+        return "".join(event(c, seq.prompt_tokens, generated) for c in choices) or None
 
     try:
         opened = False

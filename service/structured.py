@@ -75,7 +75,7 @@ def _response_format(fmt) -> StructuredSpec | None:
         raise bad("of type 'json_schema' needs 'json_schema': {'name', 'schema', 'strict'?}")
     if not isinstance(described.get("name", ""), str) or not isinstance(described.get("strict", False), bool):
         raise bad("'json_schema.name' must be a string and 'json_schema.strict' true or false")
-    return StructuredSpec("json", _schema(described["schema"], "response_format"))
+    return StructuredSpec("json", schema_text(described["schema"], "response_format"))
 
 
 def _structured_outputs(outputs) -> StructuredSpec:
@@ -98,7 +98,7 @@ def _structured_outputs(outputs) -> StructuredSpec:
     [kind] = kinds
     value = outputs[kind]
     if kind == "json":
-        return StructuredSpec("json", _schema(value, "structured_outputs"))
+        return StructuredSpec("json", schema_text(value, "structured_outputs"))
     if kind == "json_object":
         if value is not True:
             raise bad("'json_object' must be true")
@@ -118,7 +118,7 @@ def _structured_outputs(outputs) -> StructuredSpec:
     return StructuredSpec(kind, value)
 
 
-def _schema(schema, field: str) -> str:
+def schema_text(schema, field: str) -> str:
     """A JSON schema (an object, or its JSON text) checked against its own metaschema, as text."""
     if isinstance(schema, str):
         try:

@@ -44,10 +44,6 @@ REFUSED = [
     ("completions", "logit_bias", {"5": 101}),
     ("completions", "logit_bias", {"99999999": 1}),  # outside the vocabulary
     ("completions", "tools", [{"type": "function", "function": {"name": "f"}}]),
-    ("chat", "tools", [{"type": "function", "function": {"name": "f"}}]),
-    ("chat", "tool_choice", "auto"),
-    ("chat", "tool_choice", {"type": "function", "function": {"name": "f"}}),
-    ("chat", "parallel_tool_calls", False),
     ("chat", "functions", [{"name": "f"}]),
     ("chat", "function_call", "auto"),
     ("chat", "audio", {"voice": "alloy", "format": "wav"}),

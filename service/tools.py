@@ -1,0 +1,158 @@
+"""A request's function tools, parsed once, and the grammar its reply is constrained to.
+
+Tool calls are structured outputs with a prompt (docs: the tool format): the tools are stated in
+the prompt (service/tool_prompt.py), and the reply is constrained, by the same xgrammar machinery
+as `structured_outputs` (service/structured.py), to one JSON object in llama.cpp's "generic" shape:
+- `{"tool_call":{"name":...,"arguments":{...}}}`: a call, its arguments from the function's
+  `parameters` schema;
+- `{"response":"..."}`: a text answer (`tool_choice: "auto"` only).
+What each `tool_choice` guarantees: `"none"`: no constraint, no tools in the prompt; a named
+function: a call of that function; `"required"`: a call of one of the tools; `"auto"`: a call
+of one of the tools or a text answer. One call per reply whatever `parallel_tool_calls` says
+(it is accepted: one call is what `false` asks, and what `true` allows).
+
+Arguments end: JSON is compact on both engines, and each string or array whose schema sets no
+bound gets one here (STRING_MAX_LENGTH, ARRAY_MAX_ITEMS), so that no argument can run on until
+`max_tokens`. A request with tools that names no max_tokens gets TOOL_MAX_TOKENS, room for a call.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from batcher import grammar
+from batcher.checkpoint import resolve_model
+from service.config import Config
+from service.errors import InvalidRequest
+from service.structured import schema_text
+
+TOOL_MAX_TOKENS = 128  # the default max_tokens of a request with tools (MAX_NEW_TOKENS is 20)
+STRING_MAX_LENGTH = 100  # characters, for a string argument whose schema sets no maxLength
+ARRAY_MAX_ITEMS = 16  # for an array argument whose schema sets no maxItems
+NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for a function's name
+NO_PARAMETERS = {"type": "object", "properties": {}}
+CHOICES = ("none", "auto", "required")
+
+
+@dataclass(frozen=True)
+class Tools:
+    """`functions`: name -> {"name", "description", "parameters"}, in the request's order;
+    `choice`: "none", "auto", "required" or "named"; `named`: the function a named choice calls."""
+
+    functions: dict[str, dict]
+    choice: str = "auto"
+    named: str | None = None
+
+    @property
+    def constrained(self) -> bool:
+        return self.choice != "none"
+
+
+def _bad(why: str, param: str = "tools") -> InvalidRequest:
+    return InvalidRequest(why, param=param)
+
+
+def _function(i: int, tool) -> dict:
+    if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
+        raise _bad(f"'tools[{i}]' must be {{'type': 'function', 'function': {{'name', ...}}}} (function tools only)")
+    fn = tool["function"]
+    extra = set(fn) - {"name", "description", "parameters", "strict"}
+    if extra:
+        raise _bad(f"'tools[{i}].function' has unknown fields: {', '.join(sorted(extra))}")
+    name = fn.get("name")
+    if not isinstance(name, str) or not NAME.match(name):
+        raise _bad(f"'tools[{i}].function.name' must be 1-64 letters, digits, '_' or '-'")
+    if not isinstance(fn.get("description", ""), (str, type(None))) or not isinstance(fn.get("strict", False), bool):
+        raise _bad(f"'tools[{i}].function': 'description' must be a string and 'strict' true or false")
+    parameters = fn.get("parameters") or NO_PARAMETERS
+    schema_text(parameters, "tools")  # a valid JSON schema that xgrammar enforces, or a 400
+    if parameters.get("type") != "object":
+        raise _bad(f"'tools[{i}].function.parameters' must be a JSON schema of type 'object'")
+    return {"name": name, "description": fn.get("description") or "", "parameters": parameters}
+
+
+def parse(body: dict) -> Tools | None:
+    """The request's `tools`, `tool_choice` and `parallel_tool_calls`; None without tools."""
+    tools, choice, parallel = body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise _bad("'parallel_tool_calls' must be true or false", "parallel_tool_calls")
+    if tools is None or tools == []:
+        if choice not in (None, "none"):
+            raise _bad("'tool_choice' needs 'tools'", "tool_choice")
+        return None
+    if not isinstance(tools, list):
+        raise _bad("'tools' must be a list of function tools")
+    functions: dict[str, dict] = {}
+    for i, tool in enumerate(tools):
+        fn = _function(i, tool)
+        if fn["name"] in functions:
+            raise _bad(f"'tools[{i}].function.name': '{fn['name']}' is declared twice")
+        functions[fn["name"]] = fn
+    if choice is None or choice in CHOICES:
+        return Tools(functions, choice or "auto")
+    named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(named, str):
+        rule = "'none', 'auto', 'required' or {'type': 'function', 'function': {'name': ...}}"
+        raise _bad(f"'tool_choice' must be {rule}", "tool_choice")
+    if named not in functions:
+        raise _bad(f"'tool_choice' names '{named}', which is not among 'tools'", "tool_choice")
+    return Tools(functions, "named", named)
+
+
+def bounded(schema):
+    """The schema with a maxLength on every free string and a maxItems on every array that has
+    none (a copy): a string or array of a 135M model's making can otherwise run to max_tokens."""
+    if isinstance(schema, list):
+        return [bounded(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: bounded(value) for key, value in schema.items() if key not in ("const", "enum", "default", "examples")}
+    out.update({key: schema[key] for key in ("const", "enum", "default", "examples") if key in schema})
+    kinds = schema.get("type") if isinstance(schema.get("type"), list) else [schema.get("type")]
+    free = not any(key in schema for key in ("const", "enum", "pattern", "format"))
+    if "string" in kinds and free and "maxLength" not in schema:
+        out["maxLength"] = STRING_MAX_LENGTH
+    if "array" in kinds and "maxItems" not in schema:
+        out["maxItems"] = ARRAY_MAX_ITEMS
+    return out
+
+
+def _call(fn: dict) -> dict:
+    properties = {"name": {"const": fn["name"]}, "arguments": bounded(fn["parameters"])}
+    call = {"type": "object", "properties": properties, "required": ["name", "arguments"]}
+    return {**call, "additionalProperties": False}
+
+
+def reply_schema(tools: Tools) -> dict:
+    """The JSON schema of the reply: {"tool_call": ...}, or under "auto" that or {"response": ...}."""
+    names = [tools.named] if tools.choice == "named" else list(tools.functions)
+    calls = [_call(tools.functions[name]) for name in names]
+    call = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    wrapped = {"type": "object", "properties": {"tool_call": call}, "required": ["tool_call"]}
+    wrapped["additionalProperties"] = False
+    if tools.choice != "auto":
+        return wrapped
+    text = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"]}
+    return {"anyOf": [wrapped, {**text, "additionalProperties": False}]}
+
+
+def constrain(body: dict, tools: Tools | None, config: Config) -> dict:
+    """The body as the sampling parser reads it (a copy): the reply's grammar as its
+    `structured_outputs`, compiled here so that a schema xgrammar refuses is a 400 naming `tools`,
+    and TOOL_MAX_TOKENS where no max_tokens is named."""
+    if tools is None or not tools.constrained:
+        return body
+    for field in ("response_format", "structured_outputs"):
+        if body.get(field) is not None and body[field] != {"type": "text"}:
+            raise _bad(f"'{field}' cannot constrain a reply that 'tool_choice' already constrains", field)
+    schema = json.dumps(reply_schema(tools))
+    try:
+        grammar.compile(grammar.StructuredSpec("json", schema), resolve_model(config.model, config.cache_dir))
+    except grammar.GrammarError as exc:
+        raise _bad(f"'tools': the functions' parameters do not compile: {exc}") from exc
+    body = {**body, "response_format": None, "structured_outputs": {"json": schema}}
+    if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
+        body["max_tokens"] = min(TOOL_MAX_TOKENS, config.max_new_tokens_limit)
+    return body
