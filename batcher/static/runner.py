@@ -30,6 +30,7 @@ from batcher.sampling import SamplingParams
 from batcher.sequence import Prompt, Sequence
 from batcher.settings import StaticSettings
 from batcher.static import processors as per_row
+from batcher.static.isolation import RowFailures
 from batcher.static.prompt_logprobs import PromptLogprobs
 from batcher.static.rows import RoundRows
 
@@ -118,27 +119,35 @@ class Runner:
         return time.perf_counter() - started
 
     def encode(self, prompts: list[Prompt]) -> dict[str, torch.Tensor]:
-        """input_ids and attention_mask: [B, S], left-padded to the longest prompt. Text is
-        tokenized, token ids are taken as they are; either keeps its last MAX_INPUT_TOKENS."""
-        texts = [p for p in prompts if isinstance(p, str)]
-        tokenized = iter(
-            self.tokenizer(texts, truncation=True, max_length=self.max_input_tokens)["input_ids"] if texts else []
-        )
-        ids = [next(tokenized) if isinstance(p, str) else list(p[-self.max_input_tokens :]) for p in prompts]
+        """input_ids and attention_mask: [B, S], left-padded to the longest prompt."""
+        return self.pad([self.tokenize(p) for p in prompts])
+
+    def tokenize(self, prompt: Prompt) -> list[int]:
+        """One row's token ids, on its own so that a prompt that cannot be tokenized fails alone:
+        text is tokenized, token ids are taken as they are; either keeps its last MAX_INPUT_TOKENS."""
+        if isinstance(prompt, str):
+            return self.tokenizer(prompt, truncation=True, max_length=self.max_input_tokens)["input_ids"]
+        return list(prompt[-self.max_input_tokens :])
+
+    def pad(self, ids: list[list[int]]) -> dict[str, torch.Tensor]:
         return self.tokenizer.pad({"input_ids": ids}, padding=True, return_tensors="pt").to(self.device)
 
     @torch.inference_mode()
-    def generate(self, seqs: list[Sequence], inputs: dict[str, torch.Tensor]) -> list[str]:
+    def generate(
+        self, seqs: list[Sequence], inputs: dict[str, torch.Tensor], failures: RowFailures | None = None
+    ) -> list[str]:
         """Run one round: each sequence receives its tokens and text (streamed as they come);
-        returns the finish reasons, in the order of `seqs`. The caller finishes the sequences."""
+        returns the finish reasons, in the order of `seqs`. The caller finishes the sequences.
+        A row whose own work raised ends at once with reason "failed", its error in `failures`."""
         real, cache_len, extra = len(seqs), None, {}
+        failures = failures if failures is not None else RowFailures()
         if self.compile_config is not None:
             seqs, inputs, cache_len = self._static_shapes(seqs, inputs)
             extra["past_key_values"] = StaticCache(config=self.model.config, max_cache_len=cache_len)
         processors, recorder, sample = per_row.build(
-            seqs, self.tokenizer, sorted(self.eos_ids), inputs["attention_mask"], self.model.config.vocab_size
+            seqs, self.tokenizer, sorted(self.eos_ids), inputs["attention_mask"], self.model.config.vocab_size, failures
         )
-        rows = RoundRows(seqs, self.tokenizer, self.eos_ids, recorder)
+        rows = RoundRows(seqs, self.tokenizer, self.eos_ids, recorder, failures)
         for seq, count in zip(seqs, inputs["attention_mask"].sum(dim=-1).tolist(), strict=True):
             seq.prompt_tokens = count  # the prompt as this round saw it: padding off, truncation on
         config = GenerationConfig(
@@ -152,7 +161,7 @@ class Runner:
         )
         if self.compile_config is not None:
             config.compile_config = self.compile_config
-        with PromptLogprobs(seqs, inputs, self.tokenizer).hooked(self.model):  # read off the prefill
+        with PromptLogprobs(seqs, inputs, self.tokenizer, failures).hooked(self.model):  # read off the prefill
             self.model.generate(
                 **inputs,
                 generation_config=config,
