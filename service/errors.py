@@ -38,6 +38,12 @@ class InvalidJson(ApiError):
     status, type = 400, "invalid_json"
 
 
+class InvalidText(ApiError):
+    """A string in the body that is not Unicode text (a lone surrogate): valid JSON, no encoding."""
+
+    status, type = 400, "invalid_text"
+
+
 class InvalidRequest(ApiError):
     status, type = 422, "invalid_request"
 

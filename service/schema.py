@@ -10,7 +10,7 @@ from werkzeug.exceptions import BadRequest
 from batcher.sampling import SamplingParams
 from batcher.sequence import Prompt
 from service.config import Config
-from service.errors import InvalidJson, InvalidRequest, TooManyPrompts
+from service.errors import InvalidJson, InvalidRequest, InvalidText, TooManyPrompts
 from service.params import parse_n, parse_sampling
 
 # What parses below Python's recursion limit can still be too deep for what reads it later (a
@@ -37,6 +37,9 @@ def flag(body: dict, key: str) -> bool:
 
 
 def json_body(request: Request) -> dict:
+    """The body as a JSON object, nested at most MAX_JSON_DEPTH deep and all its text encodable:
+    every route that takes a body reads it here, so every field is checked once, before anything
+    can reach a tokenizer, a grammar compiler or an engine."""
     too_deep = InvalidJson(f"request body is not valid JSON: nested deeper than {MAX_JSON_DEPTH} levels")
     try:
         body = request.get_json(force=True)  # the body is JSON whatever the Content-Type says
@@ -44,23 +47,46 @@ def json_body(request: Request) -> dict:
         raise InvalidJson("request body is not valid JSON") from exc
     except RecursionError as exc:  # Python's parser recurses once per level: ~1,000 deep ends here
         raise too_deep from exc
-    if _deeper_than(body, MAX_JSON_DEPTH):
+    if _walk(body, MAX_JSON_DEPTH):
         raise too_deep
     if not isinstance(body, dict):
         raise InvalidRequest("request body must be a JSON object")
     return body
 
 
-def _deeper_than(value, limit: int) -> bool:
-    """Whether objects and arrays nest more than `limit` levels; iterative, so it cannot recurse."""
-    stack = [(value, 1)]
+def _walk(value, limit: int) -> bool:
+    """Whether objects and arrays nest more than `limit` levels; raises InvalidText, naming the
+    field, for a string (a value or a key) that is not Unicode text: JSON's \ud800 escapes parse
+    to lone surrogates, which no tokenizer can encode. Iterative, so it cannot recurse."""
+    stack = [(value, 1, "")]
     while stack:
-        value, depth = stack.pop()
-        if isinstance(value, (dict, list)):
+        value, depth, where = stack.pop()
+        if isinstance(value, str):
+            _check_text(value, where)
+        elif isinstance(value, (dict, list)):
             if depth > limit:
                 return True
-            stack.extend((child, depth + 1) for child in (value.values() if isinstance(value, dict) else value))
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, child in items:
+                if isinstance(key, str):
+                    _check_text(key, where, name=True)
+                    key_path = f"{where}.{key}" if where else key
+                else:
+                    key_path = f"{where}[{key}]"
+                stack.append((child, depth + 1, key_path))
     return False
+
+
+def _check_text(text: str, where: str, *, name: bool = False) -> None:
+    """`where`: the field's path (`messages[0].content`); `name`: `text` is a field name in it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        param = where.split(".")[0].split("[")[0] or None  # the top-level field, OpenAI's `param`
+        what = f"the field name {ascii(text)}" + (f" in '{where}'" if where else "") if name else f"'{where}'"
+        raise InvalidText(
+            f"{what} is not valid Unicode text: {exc.reason} at character {exc.start}", param=param
+        ) from None
 
 
 def _check_count(prompts: list, config: Config, key: str) -> None:
