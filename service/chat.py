@@ -34,3 +34,14 @@ def render(messages: list[dict], *, add_generation_prompt: bool = True) -> str:
     if not tokenizer.chat_template:
         raise InvalidRequest("this model has no chat template: use /completions with a prompt", param="messages")
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+
+def head(messages: list[dict]) -> str:
+    """The start of the rendering that a cut must leave whole (service/context.py): everything
+    before the first non-system message's content, i.e. the system turn and the user's role
+    marker, found by rendering that message with a marker for its content."""
+    first = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages) - 1)
+    marker = "\x00head\x00"  # text no message has (a NUL is refused nowhere, but no one sends it)
+    marked = [*messages[:first], {**messages[first], "content": marker}]
+    rendered = render(marked, add_generation_prompt=False)
+    return rendered[: rendered.index(marker)] if marker in rendered else ""

@@ -9,6 +9,7 @@ from werkzeug.exceptions import BadRequest
 
 from batcher.sampling import SamplingParams
 from batcher.sequence import Prompt
+from service import context
 from service.config import Config
 from service.errors import InvalidJson, InvalidRequest, InvalidText, TooManyPrompts
 from service.params import parse_n, parse_sampling
@@ -21,7 +22,7 @@ MAX_JSON_DEPTH = 100
 
 @dataclass(frozen=True)
 class GenerateRequest:
-    prompts: list[str]
+    prompts: list[Prompt]  # as the engines run them (service/context.py)
     params: SamplingParams
     details: bool = False
     n: int = 1  # completions per prompt, each its own sequence
@@ -147,6 +148,7 @@ def parse(request: Request, config: Config, *, single: bool = False) -> Generate
     n = parse_n(body, config)
     if single and n != 1:  # one prompt, one text (or one stream of events): no room for more
         raise InvalidRequest(f"'n' must be 1 on this route, got {n}; use /generate or /generate_vllm", param="n")
+    prompts = context.fit(prompts, body, params.max_tokens, key)
     return GenerateRequest(prompts=prompts, params=params, details=flag(body, "details"), n=n)
 
 

@@ -80,10 +80,8 @@ class Runner:
             limit = cache_bucket(self.max_cache_len, self.max_cache_len).bit_length()
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        # Decoder-only models continue from the last position, so padding must go on the left;
-        # an over-long prompt keeps its end, which is what the completion continues from.
+        # Decoder-only models continue from the last position, so padding must go on the left.
         self.tokenizer.padding_side = "left"
-        self.tokenizer.truncation_side = "left"
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype).to(self.device).eval()
@@ -124,10 +122,12 @@ class Runner:
 
     def tokenize(self, prompt: Prompt) -> list[int]:
         """One row's token ids, on its own so that a prompt that cannot be tokenized fails alone:
-        text is tokenized, token ids are taken as they are; either keeps its last MAX_INPUT_TOKENS."""
-        if isinstance(prompt, str):
-            return self.tokenizer(prompt, truncation=True, max_length=self.max_input_tokens)["input_ids"]
-        return list(prompt[-self.max_input_tokens :])
+        text is tokenized, token ids are taken as they are. Never cut: the service checked the
+        length (service/context.py); one longer than MAX_INPUT_TOKENS that got here fails its row."""
+        ids = self.tokenizer(prompt)["input_ids"] if isinstance(prompt, str) else list(prompt)
+        if len(ids) > self.max_input_tokens:
+            raise ValueError(f"the prompt has {len(ids)} tokens, more than MAX_INPUT_TOKENS={self.max_input_tokens}")
+        return ids
 
     def pad(self, ids: list[list[int]]) -> dict[str, torch.Tensor]:
         return self.tokenizer.pad({"input_ids": ids}, padding=True, return_tensors="pt").to(self.device)
@@ -149,7 +149,7 @@ class Runner:
         )
         rows = RoundRows(seqs, self.tokenizer, self.eos_ids, recorder, failures)
         for seq, count in zip(seqs, inputs["attention_mask"].sum(dim=-1).tolist(), strict=True):
-            seq.prompt_tokens = count  # the prompt as this round saw it: padding off, truncation on
+            seq.prompt_tokens = count  # the prompt as this round saw it, padding off
         config = GenerationConfig(
             max_new_tokens=max(s.params.max_tokens for s in seqs),
             do_sample=sample,
