@@ -44,6 +44,12 @@ class InvalidText(ApiError):
     status, type = 400, "invalid_text"
 
 
+class UnknownField(ApiError):
+    """A field the demo routes do not know (a typo, most likely): named, with the nearest name."""
+
+    status, type = 400, "unknown_field"
+
+
 class InvalidRequest(ApiError):
     status, type = 422, "invalid_request"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 
 from flask import Request, current_app, request
@@ -11,13 +12,22 @@ from batcher.sampling import SamplingParams
 from batcher.sequence import Prompt
 from service import context
 from service.config import Config
-from service.errors import InvalidJson, InvalidRequest, InvalidText, TooManyPrompts
+from service.errors import InvalidJson, InvalidRequest, InvalidText, TooManyPrompts, UnknownField
 from service.params import parse_n, parse_sampling
 
 # What parses below Python's recursion limit can still be too deep for what reads it later (a
 # schema's validator, the grammar compiler, recursive code): a body nests at most this much,
 # room for a JSON schema some 45 properties deep inside `response_format`.
 MAX_JSON_DEPTH = 100
+
+
+# Every field the demo routes read, besides their prompt(s): our own API, so a name outside it is
+# a typo (400, with the nearest known name), where the OpenAI routes follow vLLM and ignore it.
+DEMO_FIELDS = frozenset(
+    """details n max_tokens temperature top_p top_k min_p stop stop_token_ids min_tokens seed logprobs
+    presence_penalty frequency_penalty repetition_penalty logit_bias ignore_eos response_format
+    structured_outputs max_queue_ms truncate_prompt_tokens""".split()
+)
 
 
 @dataclass(frozen=True)
@@ -133,11 +143,30 @@ def completion_prompts(value, config: Config) -> list[Prompt]:
     return [tuple(ids) for ids in prompts]
 
 
-def parse(request: Request, config: Config, *, single: bool = False) -> GenerateRequest:
-    """`single`: the body has one "prompt" string instead of a "prompts" list."""
-    body = json_body(request)
+def check_known(body: dict, known: frozenset[str]) -> None:
+    """A 400 naming every field of `body` outside `known`, each with its nearest known name."""
+    unknown = [name for name in body if name not in known]
+    if not unknown:
+        return
+    described = []
+    for name in unknown:
+        near = difflib.get_close_matches(name, sorted(known), n=1)
+        described.append(f"'{name}'" + (f" (did you mean '{near[0]}'?)" if near else ""))
+    raise UnknownField(
+        f"unknown field{'s' if len(unknown) > 1 else ''} {', '.join(described)}; "
+        f"this route takes {', '.join(sorted(known))}",
+        param=unknown[0],
+    )
 
+
+def parse(
+    request: Request, config: Config, *, single: bool = False, extra: frozenset[str] = frozenset()
+) -> GenerateRequest:
+    """`single`: the body has one "prompt" string instead of a "prompts" list; `extra`: the
+    route's own fields besides the demo routes' (the race page's)."""
+    body = json_body(request)
     key = "prompt" if single else "prompts"
+    check_known(body, DEMO_FIELDS | extra | {key})
     if key not in body:
         raise InvalidRequest(f"'{key}' is required", param=key)
     prompts = [body[key]] if single else body[key]
@@ -152,6 +181,6 @@ def parse(request: Request, config: Config, *, single: bool = False) -> Generate
     return GenerateRequest(prompts=prompts, params=params, details=flag(body, "details"), n=n)
 
 
-def from_request(*, single: bool = False) -> GenerateRequest:
+def from_request(*, single: bool = False, extra: frozenset[str] = frozenset()) -> GenerateRequest:
     """Parse the current Flask request with the app's settings."""
-    return parse(request, current_app.config["SERVICE"], single=single)
+    return parse(request, current_app.config["SERVICE"], single=single, extra=extra)
