@@ -72,9 +72,12 @@ cluster: setup
 rolling-restart:
 	PORT=$(PORT) CLUSTER_DIR=$(CLUSTER_DIR) $(PY) -m deploy.cluster rolling-restart
 
+# One pytest-xdist worker per core, each pinned to its own (tests/__init__.py); what shares an
+# expensive fixture runs in one worker (tests/conftest.py). TEST_WORKERS=0: one process, as before.
+# The 25 slowest steps close the log: where CI time goes.
+TEST_WORKERS ?= auto
 test: setup
-	# the 25 slowest steps close the log: where CI time goes
-	$(PY) -m pytest -q --durations=25 tests
+	$(PY) -m pytest -q --durations=25 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup) tests
 
 bench: setup
 	LD_PRELOAD=$(PRELOAD) $(PY) -m bench $(BENCH_ARGS)

@@ -43,8 +43,9 @@ def prompts_counted(app, engine: str) -> float:
 
 @pytest.fixture
 def backlog(request, app, client):
-    """The static engine busy: one round taken and held, eight prompts of 32 tokens queued behind
-    it, so any new request's first token is at least two full rounds away. Yields the engine; the
+    """The static engine busy: one round taken and held, eight prompts of 8 tokens queued behind
+    it, so any new request's first token is at least two full rounds away (seconds on this CPU,
+    far past the tests' 200 ms; 8 tokens, not more, since the backlog runs out after each test). Yields the engine; the
     backlog is answered (200) when the test lets go."""
     engine = app.extensions["engines"]["static"]
     # measured widths 1 and 4 first (the held round below must not be the first measurement)
@@ -59,9 +60,9 @@ def backlog(request, app, client):
         t.start()
         return t
 
-    threads = [send({"prompts": ["Hold on"], "max_tokens": 32, "ignore_eos": True})]
+    threads = [send({"prompts": ["Hold on"], "max_tokens": 8, "ignore_eos": True})]
     wait_until(lambda: engine.running() == 1, what="the held round")
-    threads.append(send({"prompts": [f"Queued {i}" for i in range(8)], "max_tokens": 32, "ignore_eos": True}))
+    threads.append(send({"prompts": [f"Queued {i}" for i in range(8)], "max_tokens": 8, "ignore_eos": True}))
     wait_until(lambda: engine.workload.qsize() == 8, 120, what="eight queued prompts")
     yield engine
     held_rounds()

@@ -39,8 +39,8 @@ def server(shared_server):
     return shared_server  # tests/conftest.py: the session's gunicorn, both engines, float32, API_KEY set
 
 
-def lm_eval_command(url: str, model_path: str, tokenized: bool, output: Path) -> list[str]:
-    """The command as the README gives it, for one engine's base URL."""
+def lm_eval_args(url: str, model_path: str, tokenized: bool, output: Path) -> list[str]:
+    """The command line as the README gives it, after `python -m lm_eval`, for one engine's base URL."""
     model_args = {
         "model": MODEL,
         "base_url": f"{url}/completions",
@@ -51,7 +51,6 @@ def lm_eval_command(url: str, model_path: str, tokenized: bool, output: Path) ->
         "max_retries": 1,
     }
     return [
-        sys.executable, "-m", "lm_eval",
         "--model", "local-completions",
         "--model_args", ",".join(f"{k}={v}" for k, v in model_args.items()),
         "--include_path", str(TASKS),
@@ -62,23 +61,33 @@ def lm_eval_command(url: str, model_path: str, tokenized: bool, output: Path) ->
 
 @pytest.fixture(scope="module")
 def runs(server, model_path, tmp_path_factory) -> dict[tuple[str, bool], dict]:
-    """The four lm_eval runs, all at once against the one server: (engine, tokenized) ->
-    {"results": the results file, "samples": {task: [sample, ...]}}."""
+    """The four lm_eval runs against the one server, in two processes at once: the first run is
+    `python -m lm_eval` itself (the CLI as a user runs it), the other three go through the same
+    CLI code one after another in one process (tests/eval/harness.py), which pays lm-eval's imports
+    once instead of three times. (engine, tokenized) -> {"results": the results file, "samples":
+    {task: [sample, ...]}}."""
     out = tmp_path_factory.mktemp("lm_eval")
     # nothing from a hub: the data is local and the tokenizer a folder
     env = {**os.environ, "OPENAI_API_KEY": KEY, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    output = {run: out / f"{run[0]}-{'ids' if run[1] else 'text'}" for run in RUNS}
+    args = {run: lm_eval_args(server.url + BASES[run[0]], model_path, run[1], output[run]) for run in RUNS}
+    first, *rest = RUNS
+    harness = [arg for run in rest for arg in ("--next", *args[run])][1:]
+    commands = [
+        [sys.executable, "-m", "lm_eval", *args[first]],
+        [sys.executable, "-m", "tests.eval.harness", *harness],
+    ]
+    # from another directory (the tasks find their data from any working directory); the
+    # harness module is found through PYTHONPATH
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
 
-    def run(engine: str, tokenized: bool) -> dict:
-        output = out / f"{engine}-{'ids' if tokenized else 'text'}"
-        command = lm_eval_command(server.url + BASES[engine], model_path, tokenized, output)
-        # from another directory: the tasks find their data from any working directory
+    def run(command: list[str]) -> None:
         done = subprocess.run(command, cwd=out, env=env, capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stderr[-5000:]
-        return read_output(output)
 
-    with ThreadPoolExecutor(len(RUNS)) as pool:
-        results = list(pool.map(lambda r: run(*r), RUNS))
-    return dict(zip(RUNS, results, strict=True))
+    with ThreadPoolExecutor(len(commands)) as pool:
+        list(pool.map(run, commands))
+    return {run: read_output(output[run]) for run in RUNS}
 
 
 def read_output(output: Path) -> dict:
