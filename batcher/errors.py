@@ -21,6 +21,11 @@ class RoundFailed(EngineError):
     """The batch this sequence ran in raised; only that batch's sequences get this (500)."""
 
 
+class RowFailed(EngineError):
+    """This sequence's own work in its round raised (its tokenization, its grammar, its stop
+    strings): it alone fails (500); the others of the round run on (batcher/static/isolation.py)."""
+
+
 class InvalidParams(EngineError):
     """A sampling parameter only the loaded model can judge (a token id beyond its vocabulary):
     nothing was enqueued (422). `param` names the request field."""

@@ -24,7 +24,8 @@ class Status(StrEnum):
 
 
 # A prompt: text, or token ids (the tokenizer's own, as an evaluation harness sends them).
-# Either way the engine truncates it to its last MAX_INPUT_TOKENS tokens.
+# Either way it runs whole: the service refuses one longer than MAX_INPUT_TOKENS, or cuts it to
+# its last `truncate_prompt_tokens` when asked (service/context.py); an engine never cuts it.
 Prompt = str | tuple[int, ...]
 
 _ids = itertools.count(1)
@@ -45,7 +46,7 @@ class Sequence:
       sets `done`. The request thread reads the result once `done` is set (or once it took the
       end marker `(self, None)` from `pieces`, which comes after every write).
     - with `params.prompt_logprobs`, the engine writes `prompt_logprobs` (one record per prompt
-      token, as the engine truncated it) before the sequence's first token.
+      token) before the sequence's first token.
     - `start` writes the round's details (`round`, `batch_size`, `batch_shape`, `padding` or
       `prefilled_ahead`, `started_at`) and then sets `entered`: those may be read from then on.
     - while the sequence runs, a streamed request reads only what each piece carries: the text,
@@ -63,7 +64,7 @@ class Sequence:
     pieces: queue.SimpleQueue | None = field(default=None, repr=False)
     solo: bool = False  # runs in a round of its own (the unbatched baseline, /basic_generate)
     id: str = field(default_factory=_next_id)
-    prompt_tokens: int | None = None  # as the engine tokenized (and maybe truncated) the prompt
+    prompt_tokens: int | None = None  # as the engine tokenized the prompt
     token_ids: list[int] = field(default_factory=list)
     text: str = ""  # the pieces so far, joined; the completion once done
     finish_reason: str | None = None  # "length" | "stop" | "cancelled"

@@ -93,3 +93,15 @@ def render(messages: list[dict], tools: Tools | None = None, *, add_generation_p
         tool_list = tool_prompt.openai_tools(tools) if tools is not None and tools.constrained else None
         return tokenizer.apply_chat_template(messages, tools=tool_list, **kwargs)
     return tokenizer.apply_chat_template(tool_prompt.plain(messages, tools), **kwargs)
+
+
+def head(messages: list[dict], tools: Tools | None = None) -> str:
+    """The start of the rendering that a cut must leave whole (service/context.py): everything
+    before the first non-system message's content, i.e. the system turn and the user's role
+    marker (and, with tools, the turn that states them), found by rendering that message with a
+    marker for its content."""
+    first = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages) - 1)
+    marker = "\x00head\x00"  # text no message has (a NUL is refused nowhere, but no one sends it)
+    marked = [*messages[:first], {**messages[first], "content": marker}]
+    rendered = render(marked, tools, add_generation_prompt=False)
+    return rendered[: rendered.index(marker)] if marker in rendered else ""

@@ -38,10 +38,11 @@ class Echo:
         return logprobs if self.records else self.top_logprobs
 
 
-def for_completions(prompts: list[Prompt], only: bool, max_input_tokens: int, tokenizer) -> Echo:
-    """A token-id prompt echoes as the tokenizer decodes the ids the engine keeps (vLLM decodes
-    them with the tokenizer's defaults, special tokens included)."""
-    texts = [p if isinstance(p, str) else tokenizer.decode(list(p[-max_input_tokens:])) for p in prompts]
+def for_completions(prompts: list[Prompt], only: bool, tokenizer) -> Echo:
+    """`prompts` as the engines run them (cut where `truncate_prompt_tokens` asked). A token-id
+    prompt echoes as the tokenizer decodes it (vLLM decodes them with the tokenizer's defaults,
+    special tokens included)."""
+    texts = [p if isinstance(p, str) else tokenizer.decode(list(p)) for p in prompts]
     return Echo(texts, only)
 
 

@@ -8,7 +8,16 @@ import logging
 from flask import Blueprint, Flask, Response, jsonify
 from werkzeug.exceptions import HTTPException
 
-from batcher.errors import EngineError, InvalidParams, NotReady, QueueFull, RoundFailed, ShuttingDown, WaitTooLong
+from batcher.errors import (
+    EngineError,
+    InvalidParams,
+    NotReady,
+    QueueFull,
+    RoundFailed,
+    RowFailed,
+    ShuttingDown,
+    WaitTooLong,
+)
 from service import request_id
 
 log = logging.getLogger(__name__)
@@ -27,6 +36,18 @@ class ApiError(Exception):
 
 class InvalidJson(ApiError):
     status, type = 400, "invalid_json"
+
+
+class InvalidText(ApiError):
+    """A string in the body that is not Unicode text (a lone surrogate): valid JSON, no encoding."""
+
+    status, type = 400, "invalid_text"
+
+
+class UnknownField(ApiError):
+    """A field the demo routes do not know (a typo, most likely): named, with the nearest name."""
+
+    status, type = 400, "unknown_field"
 
 
 class InvalidRequest(ApiError):
@@ -57,6 +78,7 @@ ENGINE_STATUS: dict[type, tuple[int, str]] = {
     NotReady: (503, "engine_unavailable"),
     ShuttingDown: (503, "shutting_down"),
     RoundFailed: (500, "generation_failed"),
+    RowFailed: (500, "generation_failed"),  # the prompt's own failure; its round ran on
 }
 
 RETRY_AFTER_S = 1  # a full queue drains a round at a time; a second is the order of one round

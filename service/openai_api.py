@@ -9,8 +9,10 @@ and `params`, run by `generation.complete()` or `generation.Pieces`, as the demo
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 import uuid
+from collections.abc import Callable
 
 from flask import Blueprint, Flask, current_app, jsonify, request
 from werkzeug.exceptions import NotFound
@@ -20,6 +22,7 @@ from service import (
     auth,
     batching,
     chat,
+    context,
     echo,
     errors,
     generation,
@@ -108,16 +111,20 @@ def _respond(
     prompts: list[Prompt],
     body: dict,
     max_tokens_key: str = "max_tokens",
-    echoed: Echo | None = None,
+    echoed: Callable[[list[Prompt]], Echo] | None = None,
+    heads: list[str] | None = None,
 ):
     """Run the prompts (n times each) and answer as one JSON object, or as server-sent chunks
     with `stream`. Choices are grouped per prompt: prompt p's i-th completion has index p*n + i.
-    `echoed`: what the request's `echo` puts before each choice."""
+    `echoed`: what the request's `echo` puts before each choice, from the prompts as they run;
+    `heads`: what service/context.py must keep whole at the start of each prompt (chat)."""
     stream, include_usage, continuous = _stream_options(body)
     if stream and schema.flag(body, "details"):  # the batching object rides on whole replies only
         raise InvalidRequest("'details' is not supported with 'stream': true", param="details")
     config = _config()
     params = parse_sampling(body, config, default_temperature=1.0, max_tokens_key=max_tokens_key)  # OpenAI's
+    prompts = context.fit(prompts, body, params.max_tokens, "messages" if heads else "prompt", heads)
+    echoed = echoed(prompts) if echoed is not None else None
     echo_asks = echoed.prompt_logprobs(params.logprobs) if echoed is not None else None
     prompt_logprobs = parse_prompt_logprobs(body, echo_asks, stream=stream)
     params = dataclasses.replace(params, prompt_logprobs=prompt_logprobs)
@@ -156,7 +163,7 @@ def completions(engine: str):
         if only:  # vLLM: the engine makes one token, and the reply holds the prompt alone
             body = {**body, "max_tokens": 1}
         tokenizer = current_app.extensions["tokenizer"]()
-        echoed = echo.for_completions(prompts, only, config.max_input_tokens, tokenizer)
+        echoed = functools.partial(echo.for_completions, only=only, tokenizer=tokenizer)
     return _respond(TextShape, engine, model, prompts, body, echoed=echoed)
 
 
@@ -180,25 +187,28 @@ def chat_completions(engine: str):
     max_tokens_key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     top_logprobs = body.get("top_logprobs")
     body = chat_logprobs(body)  # logprobs: true + top_logprobs: k, as the one field the engines read
-    echoed = echo.for_chat(messages, top_logprobs) if schema.flag(body, "echo") else None
+    echoed = (lambda _: echo.for_chat(messages, top_logprobs)) if schema.flag(body, "echo") else None
     shape = ToolChatShape(tool_set) if tool_set is not None and tool_set.constrained else ChatShape
-    return _respond(shape, engine, model, [prompt], body, max_tokens_key, echoed=echoed)
+    heads = [chat.head(messages, tool_set)]
+    return _respond(shape, engine, model, [prompt], body, max_tokens_key, echoed=echoed, heads=heads)
 
 
 @bp.post("/responses")
 def create_response(engine: str):
-    """OpenAI's Responses API, stateless, over the chat route's rendering and the same
-    generation core (service/responses.py)."""
+    """OpenAI's Responses API, stateless, over the chat route's rendering, the same context-length
+    rule and the same generation core (service/responses.py)."""
     body = schema.json_body(request)
     asked = responses.check(body)
     model = check_model(body)
     prompt, chat_body, tool_set = chat_prompt(responses.as_chat(body))
     params = parse_sampling(chat_body, _config(), default_temperature=1.0)
+    heads = [chat.head(chat.messages(chat_body.get("messages")), tool_set)]
+    prompts = context.fit([prompt], chat_body, params.max_tokens, "input", heads)
     eng = generation.engine(engine)
     head = responses.head(model, asked)
     if schema.flag(body, "stream"):
-        return sse.response(responses_stream.events(generation.Pieces(eng, [prompt], params), head, tool_set))
-    [seq] = generation.complete(eng, [prompt], params)
+        return sse.response(responses_stream.events(generation.Pieces(eng, prompts, params), head, tool_set))
+    [seq] = generation.complete(eng, prompts, params)
     return jsonify(responses.whole(head, seq, tool_set))
 
 

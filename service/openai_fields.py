@@ -79,8 +79,8 @@ SHARED: dict[str, Rule] = {
     "include_stop_str_in_output": refused(False, why="the stop string is always cut off"),
     "skip_special_tokens": refused(True, why="special tokens are always skipped"),
     "spaces_between_special_tokens": refused(True, why=NOT_YET),
-    "truncate_prompt_tokens": refused(why="prompts keep their last MAX_INPUT_TOKENS tokens"),
-    "truncation_side": refused("left", why="prompts keep their last tokens"),
+    "truncate_prompt_tokens": HONOURED,  # service/context.py
+    "truncation_side": refused("left", why="a cut keeps the prompt's last tokens"),
     "allowed_token_ids": refused(why=NOT_YET),
     "bad_words": refused([], why=NOT_YET),
     "prompt_logprobs": HONOURED,

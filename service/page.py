@@ -33,7 +33,7 @@ def race():
     """Body: {"engine": "static"|"vllm", "mode": "concurrent"|"batch", "prompts": [...],
     "max_tokens"?, "ignore_eos"?}. Server-sent events, one per event of each prompt's reply."""
     auth.require_api_key()  # once for the race: the page itself stays open, its feed does not
-    req = schema.from_request()  # prompts, max_tokens, ignore_eos: the generate routes' own checks
+    req = schema.from_request(extra=frozenset({"engine", "mode"}))  # the generate routes' own checks
     body = request.get_json(force=True)  # parsed above already (cached); any Content-Type, as there
     engines = current_app.extensions["engines"]
     engine, mode = body.get("engine"), body.get("mode", "concurrent")

@@ -136,13 +136,14 @@ def test_bad_input_gets_a_json_error_and_changes_nothing(app, client, path, body
     assert app.extensions["engines"]["vllm"].inflight() == 0
 
 
-@pytest.mark.parametrize(
-    "body", [{"prompts": ["a list"]}, {"prompt": 5}, {"prompt": ""}, {"prompt": "ok", "max_tokens": -1}]
-)
+@pytest.mark.parametrize("body", [{"prompt": 5}, {"prompt": ""}, {"prompt": "ok", "max_tokens": -1}])
 @pytest.mark.parametrize("path", ["/basic_generate", "/generate_stream", "/generate_vllm_stream"])
 def test_single_prompt_endpoints_validate_too(client, path, body):
     r = post(client, path, body)
     assert r.status_code == 422 and r.json["type"] == "invalid_request"
+    # /generate's list, sent here: an unknown field (tests/test_fields.py), the right name suggested
+    r = post(client, path, {"prompts": ["a list"]})
+    assert r.status_code == 400 and "'prompts' (did you mean 'prompt'?)" in r.json["error"], r.json
 
 
 def test_a_deadline_passed_answers_504_and_leaves_nothing_behind(app, client, short_timeout, held_rounds, unpredicted):

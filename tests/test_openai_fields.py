@@ -34,7 +34,7 @@ REFUSED = [
     ("completions", "guided_choice", ["yes", "no"]),
     ("completions", "include_stop_str_in_output", True),
     ("completions", "skip_special_tokens", False),
-    ("completions", "truncate_prompt_tokens", 4),
+    ("completions", "truncation_side", "right"),  # truncate_prompt_tokens keeps the last tokens
     ("completions", "allowed_token_ids", [1, 2]),
     ("completions", "bad_words", ["Paris"]),
     ("completions", "priority", 5),
@@ -74,6 +74,7 @@ NO_OPS = {
     "priority": 0,
     "use_beam_search": False,
     "skip_special_tokens": True,
+    "truncate_prompt_tokens": -1,  # a short prompt: nothing to cut
     "a_field_nobody_defined": {"x": 1},
 }
 CHAT_NO_OPS = {**NO_OPS, "tool_choice": "none", "modalities": ["text"], "include_reasoning": True}

@@ -3,6 +3,8 @@
 import copy
 import queue
 
+import pytest
+
 from batcher.sampling import SamplingParams
 from batcher.sequence import Sequence
 from batcher.static.runner import RoundRows
@@ -54,12 +56,16 @@ def test_a_greedy_prompt_stays_greedy_next_to_a_sampled_one(runner_fp32):
     assert sampled_text  # the sampled row produced text of its own
 
 
-def test_over_long_prompts_keep_their_end(runner_fp32):
+def test_an_over_long_prompt_is_never_cut_by_the_runner(runner_fp32):
+    """The service refuses one, or cuts it as the request asks (tests/test_context.py); one that
+    reaches the runner anyway fails its row (a ValueError in its tokenization), never cut."""
     short_window = copy.copy(runner_fp32)
     short_window.max_input_tokens = 4
-    ids = short_window.encode(["one two three four five six seven eight nine ten"])["input_ids"][0]
-    assert len(ids) == 4
-    assert runner_fp32.tokenizer.decode(ids).strip().endswith("ten")
+    with pytest.raises(ValueError, match="more than MAX_INPUT_TOKENS=4"):
+        short_window.tokenize("one two three four five six seven eight nine ten")
+    with pytest.raises(ValueError, match="more than MAX_INPUT_TOKENS=4"):
+        short_window.tokenize(tuple(range(5)))
+    assert short_window.tokenize("one two") == runner_fp32.tokenizer("one two")["input_ids"]
 
 
 def test_streamed_pieces_join_into_the_decoded_text_without_broken_characters(runner_fp32):

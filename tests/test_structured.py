@@ -240,7 +240,13 @@ def test_streamed_pieces_join_into_the_same_valid_json(server, base):
     # the demo stream, with the same spec as structured_outputs
     demo = {"prompt": body["messages"][0]["content"], "max_tokens": 80, "structured_outputs": {"json": ORDER}}
     text = requests.post(
-        server.url + DEMO[base][0], json={**demo, "prompts": [demo["prompt"]]}, headers=auth(), timeout=300
+        server.url + DEMO[base][0],
+        json={
+            **{k: v for k, v in demo.items() if k != "prompt"},
+            "prompts": [demo["prompt"]],
+        },  # /generate: no 'prompt'
+        headers=auth(),
+        timeout=300,
     )
     r = requests.post(server.url + DEMO[base][1], json=demo, headers=auth(), timeout=300)
     events = [json.loads(line[len("data: ") :]) for line in r.text.split("\n\n") if line.startswith("data: ")]

@@ -23,14 +23,14 @@ class InstrumentedRunner(Runner):
         self.gate = threading.Event()
         self.entered = threading.Event()
 
-    def generate(self, seqs, inputs):
+    def generate(self, seqs, inputs, failures=None):
         prompts = [s.prompt for s in seqs]
         if POISON in prompts:
             raise RuntimeError("injected failure")
         if GATE in prompts:
             self.entered.set()
             assert self.gate.wait(60)
-        return super().generate(seqs, inputs)
+        return super().generate(seqs, inputs, failures)
 
 
 def submit(worker, *prompts, max_tokens=5, solo=False, ignore_eos=False):

@@ -18,23 +18,25 @@ import torch
 from transformers import LogitsProcessor
 
 from batcher.sequence import Sequence
+from batcher.static.isolation import RowFailures
 
 log = logging.getLogger(__name__)
 
 
 class GrammarMask(LogitsProcessor):
-    def __init__(self, seqs: list[Sequence], eos_ids: list[int], prompt_len: int, vocab: int):
+    def __init__(self, seqs: list[Sequence], eos_ids: list[int], prompt_len: int, vocab: int, failures: RowFailures):
         import xgrammar as xgr
 
         self._xgr = xgr
         self.prompt_len = prompt_len
         self.vocab = vocab
-        # row -> its matcher, while the row is still under its grammar
-        self.matchers = {
-            row: xgr.GrammarMatcher(seq.params.structured.compiled, override_stop_tokens=eos_ids)
-            for row, seq in enumerate(seqs)
-            if seq.params.structured is not None
-        }
+        self.failures = failures  # a row whose matcher raises fails alone, and leaves the mask
+        self.matchers = {}  # row -> its matcher, while the row is still under its grammar
+        for row, seq in enumerate(seqs):
+            if seq.params.structured is not None:
+                with failures.guard(row, "grammar"):
+                    compiled = seq.params.structured.compiled
+                    self.matchers[row] = xgr.GrammarMatcher(compiled, override_stop_tokens=eos_ids)
         self.bitmask = xgr.allocate_token_bitmask(len(seqs), vocab)  # [B, ceil(V / 32)] int32, CPU
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
@@ -43,9 +45,13 @@ class GrammarMask(LogitsProcessor):
             self._accept(input_ids[:, -1].tolist())
         if not self.matchers:
             return scores
+        for row in sorted(self.matchers):
+            with self.failures.guard(row, "grammar"):
+                self.matchers[row].fill_next_token_bitmask(self.bitmask, row)
+        self._drop_failed()
+        if not self.matchers:
+            return scores
         rows = sorted(self.matchers)
-        for row in rows:
-            self.matchers[row].fill_next_token_bitmask(self.bitmask, row)
         bitmask = self.bitmask.to(scores.device, non_blocking=True)
         self._xgr.apply_token_bitmask_inplace(scores, bitmask, vocab_size=self.vocab, indices=rows)
         return scores
@@ -56,5 +62,11 @@ class GrammarMask(LogitsProcessor):
         another reason (max_tokens, a stop string, cancelled) and generate() feeds it padding."""
         for row in list(self.matchers):
             matcher = self.matchers[row]
-            if not matcher.accept_token(tokens[row]) or matcher.is_terminated():
-                del self.matchers[row]
+            with self.failures.guard(row, "grammar"):
+                if not matcher.accept_token(tokens[row]) or matcher.is_terminated():
+                    del self.matchers[row]
+        self._drop_failed()
+
+    def _drop_failed(self) -> None:
+        for row in [r for r in self.matchers if r in self.failures]:
+            del self.matchers[row]

@@ -15,6 +15,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from batcher.sequence import Sequence
 from batcher.static.constraint import GrammarMask
+from batcher.static.isolation import RowFailures
 from batcher.tokens import TokenLogprob
 
 
@@ -27,7 +28,8 @@ class RecordLogprobs(LogitsProcessor):
     `logprobs_mode="raw_logprobs"`). Keeps the step's log-softmax of the rows that asked;
     `take()` reads off the chosen tokens once `generate()` has picked them."""
 
-    def __init__(self, seqs: list[Sequence], tokenizer):
+    def __init__(self, seqs: list[Sequence], tokenizer, failures: RowFailures):
+        self.failures = failures
         self.rows = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
         self.ks = [seqs[i].params.logprobs for i in self.rows]
         self.tokenizer = tokenizer
@@ -50,11 +52,12 @@ class RecordLogprobs(LogitsProcessor):
         text = self.tokenizer.decode
         records = {}
         for i, row in enumerate(self.rows):
-            top = ()
-            if self.ks[i]:
-                pairs = zip(self.top[1][i][: self.ks[i]], self.top[0][i][: self.ks[i]], strict=True)
-                top = tuple((tid, text([tid]), lp) for tid, lp in pairs)
-            records[row] = TokenLogprob(tokens[row], text([tokens[row]]), logprobs[i], top)
+            with self.failures.guard(row, "logprobs"):  # decoding is the row's own work
+                top = ()
+                if self.ks[i]:
+                    pairs = zip(self.top[1][i][: self.ks[i]], self.top[0][i][: self.ks[i]], strict=True)
+                    top = tuple((tid, text([tid]), lp) for tid, lp in pairs)
+                records[row] = TokenLogprob(tokens[row], text([tokens[row]]), logprobs[i], top)
         return records
 
 
@@ -169,18 +172,24 @@ def _one_hot(scores: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 def build(
-    seqs: list[Sequence], tokenizer, eos_ids: list[int], attention_mask: torch.Tensor, vocab: int
+    seqs: list[Sequence],
+    tokenizer,
+    eos_ids: list[int],
+    attention_mask: torch.Tensor,
+    vocab: int,
+    failures: RowFailures,
 ) -> tuple[LogitsProcessorList, RecordLogprobs | None, bool]:
     """(the round's processors, the logprobs recorder if any row asked, whether generate() must
-    sample: only for sampled rows without a seed; every other row arrives one-hot)."""
+    sample: only for sampled rows without a seed; every other row arrives one-hot). What a
+    processor does for one row alone (a grammar, a logprob record) fails that row in `failures`."""
     device = attention_mask.device
     params = [s.params for s in seqs]
     processors = LogitsProcessorList()
     recorder = None
     if any(p.structured is not None for p in params):  # first: everything after sees the masked scores
-        processors.append(GrammarMask(seqs, eos_ids, attention_mask.shape[1], vocab))
+        processors.append(GrammarMask(seqs, eos_ids, attention_mask.shape[1], vocab, failures))
     if any(p.logprobs is not None for p in params):
-        recorder = RecordLogprobs(seqs, tokenizer)
+        recorder = RecordLogprobs(seqs, tokenizer, failures)
         processors.append(recorder)
     if any(p.ignore_eos for p in params):
         processors.append(SuppressEos(torch.tensor([p.ignore_eos for p in params], device=device), eos_ids))

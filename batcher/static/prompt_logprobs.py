@@ -18,12 +18,14 @@ from collections.abc import Iterator
 import torch
 
 from batcher.sequence import Sequence
+from batcher.static.isolation import RowFailures
 from batcher.tokens import TokenLogprob
 
 
 class PromptLogprobs:
-    def __init__(self, seqs: list[Sequence], inputs: dict[str, torch.Tensor], tokenizer):
+    def __init__(self, seqs: list[Sequence], inputs: dict[str, torch.Tensor], tokenizer, failures: RowFailures):
         self.seqs = seqs
+        self.failures = failures  # a row's records are its own work: a failure there is the row's
         self.rows = [i for i, s in enumerate(seqs) if s.params.prompt_logprobs is not None]
         self.input_ids = inputs["input_ids"]  # [B, S], left-padded
         self.lengths = inputs["attention_mask"].sum(dim=-1).tolist()  # [B]
@@ -62,9 +64,10 @@ class PromptLogprobs:
             seq, length = self.seqs[row], self.lengths[row]
             start = width - length  # left padding before it
             ids = self.input_ids[row, start:]  # [L]
-            # position p predicts token p + 1; the first token has nothing before it
-            logprobs = logits[row, start:-1].float().log_softmax(dim=-1)  # [L - 1, V]
-            seq.prompt_logprobs = self._records(ids, logprobs, seq.params.prompt_logprobs)
+            with self.failures.guard(row, "prompt logprobs"):
+                # position p predicts token p + 1; the first token has nothing before it
+                logprobs = logits[row, start:-1].float().log_softmax(dim=-1)  # [L - 1, V]
+                seq.prompt_logprobs = self._records(ids, logprobs, seq.params.prompt_logprobs)
 
     def _records(self, ids: torch.Tensor, logprobs: torch.Tensor, k: int) -> list[TokenLogprob]:
         chosen = logprobs.gather(1, ids[1:, None])  # [L - 1, 1]

@@ -11,16 +11,26 @@ from transformers import StoppingCriteria
 from transformers.generation.streamers import BaseStreamer
 
 from batcher.sequence import Sequence
+from batcher.static.isolation import RowFailures
 from batcher.static.processors import RecordLogprobs
 from batcher.static.stops import find_stop, held_back
 
 
 class RoundRows(BaseStreamer, StoppingCriteria):
     """`generate()` calls `put()` with each step's new tokens and then asks `__call__` which rows
-    are done; a done row only gets padding afterwards."""
+    are done; a done row only gets padding afterwards. A row whose own work raised (`failures`) is
+    done at once, with reason "failed"; the worker fails its sequence with the error."""
 
-    def __init__(self, seqs: list[Sequence], tokenizer, eos_ids: set[int], logprobs: RecordLogprobs | None = None):
+    def __init__(
+        self,
+        seqs: list[Sequence],
+        tokenizer,
+        eos_ids: set[int],
+        logprobs: RecordLogprobs | None = None,
+        failures: RowFailures | None = None,
+    ):
         self.seqs = seqs
+        self.failures = failures if failures is not None else RowFailures()
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids
         self.logprobs = logprobs
@@ -35,26 +45,33 @@ class RoundRows(BaseStreamer, StoppingCriteria):
         tokens = value.tolist()  # [B], this step's tokens
         records = self.logprobs.take(tokens) if self.logprobs is not None else {}
         for row, token in enumerate(tokens):
-            if self.reasons[row] is not None:
-                continue
-            seq = self.seqs[row]
-            seq.add_tokens([token], [records[row]] if row in records else ())
-            if token in self.eos_ids or token in seq.params.stop_token_ids:
-                # generated and counted, with its logprob record, but no text: as vLLM does, so
-                # that a harness reading the last record as the generated token finds it there
-                self.reasons[row], self.by_token[row] = "stop", True
-                continue
-            if seq.stream or seq.params.stop:
-                self._advance(row)
-            if self.reasons[row] is None and len(seq.token_ids) >= seq.params.max_tokens:
-                self.reasons[row] = "length"
+            if self.reasons[row] is None and row not in self.failures:
+                with self.failures.guard(row, "stop strings and text"):
+                    self._step(row, token, records)
+            if row in self.failures:
+                self.reasons[row] = "failed"
+
+    def _step(self, row: int, token: int, records: dict) -> None:
+        seq = self.seqs[row]
+        seq.add_tokens([token], [records[row]] if row in records else ())
+        if token in self.eos_ids or token in seq.params.stop_token_ids:
+            # generated and counted, with its logprob record, but no text: as vLLM does, so
+            # that a harness reading the last record as the generated token finds it there
+            self.reasons[row], self.by_token[row] = "stop", True
+            return
+        if seq.stream or seq.params.stop:
+            self._advance(row)
+        if self.reasons[row] is None and len(seq.token_ids) >= seq.params.max_tokens:
+            self.reasons[row] = "length"
 
     def end(self) -> None:
         pass
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.BoolTensor:
         for row, seq in enumerate(self.seqs):
-            if self.reasons[row] is None and seq.cancelled:
+            if row in self.failures:  # its grammar or logprobs failed in this step's processors
+                self.reasons[row] = "failed"
+            elif self.reasons[row] is None and seq.cancelled:
                 self.reasons[row] = "cancelled"
         return torch.tensor([r is not None for r in self.reasons], device=input_ids.device)
 
@@ -81,11 +98,16 @@ class RoundRows(BaseStreamer, StoppingCriteria):
 
     def finish(self, row: int) -> str:
         """Hand the row's sequence the rest of its text (what was held back, or all of it when it
-        was not streamed); returns the row's finish reason."""
+        was not streamed); returns the row's finish reason ("failed": see `failures`)."""
+        with self.failures.guard(row, "text"):
+            if row not in self.failures:
+                self._hand_over(row)
+        return "failed" if row in self.failures else self.reasons[row] or "length"
+
+    def _hand_over(self, row: int) -> None:
         seq = self.seqs[row]
         text = self.texts[row]
         if text is None or self.reasons[row] != "stop":  # decoded whole, without held-back bytes
             ids = seq.token_ids[:-1] if self.by_token[row] else seq.token_ids  # a stop token has no text
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
         seq.add_text(text[len(seq.text) :])
-        return self.reasons[row] or "length"

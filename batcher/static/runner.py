@@ -30,6 +30,7 @@ from batcher.sampling import SamplingParams
 from batcher.sequence import Prompt, Sequence
 from batcher.settings import StaticSettings
 from batcher.static import processors as per_row
+from batcher.static.isolation import RowFailures
 from batcher.static.prompt_logprobs import PromptLogprobs
 from batcher.static.rows import RoundRows
 
@@ -79,10 +80,8 @@ class Runner:
             limit = cache_bucket(self.max_cache_len, self.max_cache_len).bit_length()
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        # Decoder-only models continue from the last position, so padding must go on the left;
-        # an over-long prompt keeps its end, which is what the completion continues from.
+        # Decoder-only models continue from the last position, so padding must go on the left.
         self.tokenizer.padding_side = "left"
-        self.tokenizer.truncation_side = "left"
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype).to(self.device).eval()
@@ -118,29 +117,39 @@ class Runner:
         return time.perf_counter() - started
 
     def encode(self, prompts: list[Prompt]) -> dict[str, torch.Tensor]:
-        """input_ids and attention_mask: [B, S], left-padded to the longest prompt. Text is
-        tokenized, token ids are taken as they are; either keeps its last MAX_INPUT_TOKENS."""
-        texts = [p for p in prompts if isinstance(p, str)]
-        tokenized = iter(
-            self.tokenizer(texts, truncation=True, max_length=self.max_input_tokens)["input_ids"] if texts else []
-        )
-        ids = [next(tokenized) if isinstance(p, str) else list(p[-self.max_input_tokens :]) for p in prompts]
+        """input_ids and attention_mask: [B, S], left-padded to the longest prompt."""
+        return self.pad([self.tokenize(p) for p in prompts])
+
+    def tokenize(self, prompt: Prompt) -> list[int]:
+        """One row's token ids, on its own so that a prompt that cannot be tokenized fails alone:
+        text is tokenized, token ids are taken as they are. Never cut: the service checked the
+        length (service/context.py); one longer than MAX_INPUT_TOKENS that got here fails its row."""
+        ids = self.tokenizer(prompt)["input_ids"] if isinstance(prompt, str) else list(prompt)
+        if len(ids) > self.max_input_tokens:
+            raise ValueError(f"the prompt has {len(ids)} tokens, more than MAX_INPUT_TOKENS={self.max_input_tokens}")
+        return ids
+
+    def pad(self, ids: list[list[int]]) -> dict[str, torch.Tensor]:
         return self.tokenizer.pad({"input_ids": ids}, padding=True, return_tensors="pt").to(self.device)
 
     @torch.inference_mode()
-    def generate(self, seqs: list[Sequence], inputs: dict[str, torch.Tensor]) -> list[str]:
+    def generate(
+        self, seqs: list[Sequence], inputs: dict[str, torch.Tensor], failures: RowFailures | None = None
+    ) -> list[str]:
         """Run one round: each sequence receives its tokens and text (streamed as they come);
-        returns the finish reasons, in the order of `seqs`. The caller finishes the sequences."""
+        returns the finish reasons, in the order of `seqs`. The caller finishes the sequences.
+        A row whose own work raised ends at once with reason "failed", its error in `failures`."""
         real, cache_len, extra = len(seqs), None, {}
+        failures = failures if failures is not None else RowFailures()
         if self.compile_config is not None:
             seqs, inputs, cache_len = self._static_shapes(seqs, inputs)
             extra["past_key_values"] = StaticCache(config=self.model.config, max_cache_len=cache_len)
         processors, recorder, sample = per_row.build(
-            seqs, self.tokenizer, sorted(self.eos_ids), inputs["attention_mask"], self.model.config.vocab_size
+            seqs, self.tokenizer, sorted(self.eos_ids), inputs["attention_mask"], self.model.config.vocab_size, failures
         )
-        rows = RoundRows(seqs, self.tokenizer, self.eos_ids, recorder)
+        rows = RoundRows(seqs, self.tokenizer, self.eos_ids, recorder, failures)
         for seq, count in zip(seqs, inputs["attention_mask"].sum(dim=-1).tolist(), strict=True):
-            seq.prompt_tokens = count  # the prompt as this round saw it: padding off, truncation on
+            seq.prompt_tokens = count  # the prompt as this round saw it, padding off
         config = GenerationConfig(
             max_new_tokens=max(s.params.max_tokens for s in seqs),
             do_sample=sample,
@@ -152,7 +161,7 @@ class Runner:
         )
         if self.compile_config is not None:
             config.compile_config = self.compile_config
-        with PromptLogprobs(seqs, inputs, self.tokenizer).hooked(self.model):  # read off the prefill
+        with PromptLogprobs(seqs, inputs, self.tokenizer, failures).hooked(self.model):  # read off the prefill
             self.model.generate(
                 **inputs,
                 generation_config=config,

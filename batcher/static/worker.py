@@ -15,11 +15,12 @@ from collections.abc import Callable
 
 from batcher import fence
 from batcher.engine import EngineThread
-from batcher.errors import RoundFailed, ShuttingDown
+from batcher.errors import RoundFailed, RowFailed, ShuttingDown
 from batcher.metrics import Metrics
 from batcher.predict import StaticCost
 from batcher.sequence import Sequence
 from batcher.settings import StaticSettings
+from batcher.static.isolation import RowFailures
 from batcher.static.runner import Runner, set_torch_threads
 
 log = logging.getLogger(__name__)
@@ -85,43 +86,62 @@ class ModelWorker(EngineThread):
         shape, reasons, error, compiling = None, None, None, False
         # Every round: an idle vLLM engine in this process may have changed torch's thread count.
         set_torch_threads(self.torch_threads)
+        failures, ids = RowFailures(), {}
+        for row, seq in enumerate(batch):  # per row: a prompt that cannot be tokenized fails alone
+            with failures.guard(row, "tokenization"):
+                ids[row] = self.runner.tokenize(seq.prompt)
+        running = [seq for row, seq in enumerate(batch) if row in ids]
+        row_errors = {batch[row].id: exc for row, exc in failures.errors.items()}
         try:
-            inputs = self.runner.encode([s.prompt for s in batch])
-            shape = inputs["input_ids"].shape  # [B, S]
-            # a round that compiles keeps vLLM from stepping meanwhile (fence.py), a rare event
-            compiling = self.runner.needs_compile(inputs, max(s.params.max_tokens for s in batch))
-            with fence.model_work() if compiling else contextlib.nullcontext(), fence.static_round():
-                mask = inputs["attention_mask"]
-                padding = int(mask.numel() - mask.sum())  # the round's pad tokens, every row's
-                for seq in batch:
-                    seq.start(round_no, len(batch), tuple(shape), padding=padding)
-                reasons = self.runner.generate(batch, inputs)
-            if len(reasons) != len(batch):
-                raise RuntimeError(f"round returned {len(reasons)} results for {len(batch)} sequences")
+            if running:
+                inputs = self.runner.pad([ids[row] for row in sorted(ids)])
+                shape = inputs["input_ids"].shape  # [B, S]
+                reasons, compiling = self._generate(round_no, running, inputs, row_errors)
         except Exception as exc:  # one bad round fails its own sequences; the thread lives on
             error = exc
             log.exception("round %d failed", round_no)
         elapsed = time.perf_counter() - started
-        if error is None and not compiling:  # a compile is a one-off, not what the next round costs
-            self._measure(batch)
+        if error is None and running and not compiling and not row_errors:  # a compile is a one-off
+            self._measure(running)
         # logged before anyone is woken, so a client that got its answer finds the line written
         log.info("round %d: Batch input shape: %s sequences=%s %.3fs", round_no, shape, [s.id for s in batch], elapsed)
         for seq in batch:  # before waking any request: nothing in flight is left over
             self.workload.release(seq)
-        for row, seq in enumerate(batch):  # each sequence holds its text: it finishes itself
-            if error is not None:
+        results = dict(zip((s.id for s in running), reasons or (), strict=False))
+        for seq in batch:  # each sequence holds its text: it finishes itself
+            if seq.id in row_errors:
+                exc = row_errors[seq.id]
+                seq.fail(RowFailed(f"this prompt failed in round {round_no}: {type(exc).__name__}: {exc}"))
+            elif error is not None:
                 seq.fail(RoundFailed(f"round {round_no} failed: {type(error).__name__}: {error}"))
-                continue
-            if reasons[row] == "cancelled" and self.lifecycle.stopping.is_set():
+            elif results[seq.id] == "cancelled" and self.lifecycle.stopping.is_set():
                 self.lifecycle.abandon()
                 seq.fail(ShuttingDown("the static engine shut down while this prompt ran"))
             else:
-                seq.finish(reasons[row])
+                seq.finish(results[seq.id])
                 self._finished(seq)
             self.metrics.generated_tokens.labels(self.name).inc(len(seq.token_ids))
         self.metrics.rounds.labels("failed" if error else "ok").inc()
         self.metrics.batch_size.observe(len(batch))
         self.metrics.round_seconds.observe(elapsed)
+
+    def _generate(self, round_no: int, seqs: list[Sequence], inputs: dict, row_errors: dict) -> tuple[list[str], bool]:
+        """The round's model work on the rows that tokenized: (reasons, whether it compiled). A
+        row that fails on its own is added to `row_errors` (by sequence id)."""
+        shape = inputs["input_ids"].shape  # [B, S]
+        # a round that compiles keeps vLLM from stepping meanwhile (fence.py), a rare event
+        compiling = self.runner.needs_compile(inputs, max(s.params.max_tokens for s in seqs))
+        failures = RowFailures()
+        with fence.model_work() if compiling else contextlib.nullcontext(), fence.static_round():
+            mask = inputs["attention_mask"]
+            padding = int(mask.numel() - mask.sum())  # the round's pad tokens, every row's
+            for seq in seqs:
+                seq.start(round_no, len(seqs), tuple(shape), padding=padding)
+            reasons = self.runner.generate(seqs, inputs, failures)
+        if len(reasons) != len(seqs):
+            raise RuntimeError(f"round returned {len(reasons)} results for {len(seqs)} sequences")
+        row_errors.update({seqs[row].id: exc for row, exc in failures.errors.items() if row < len(seqs)})
+        return reasons, compiling
 
     def _measure(self, batch: list[Sequence]) -> None:
         """Feed the cost model with the round just run (its rows' own clocks, from the moment

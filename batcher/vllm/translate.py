@@ -10,12 +10,12 @@ from batcher.sequence import Sequence
 from batcher.tokens import TokenLogprob
 
 
-def engine_prompt(seq: Sequence, max_input_tokens: int):
-    """Text as it is (vLLM tokenizes and truncates it, told so in add_request), token ids as a
-    `TokensPrompt`, truncated here to their last `max_input_tokens`, as on the static path."""
+def engine_prompt(seq: Sequence):
+    """Text as it is (vLLM tokenizes it), token ids as a `TokensPrompt`; whole: the service
+    checked the context length (service/context.py)."""
     if isinstance(seq.prompt, str):
         return seq.prompt
-    return {"prompt_token_ids": list(seq.prompt[-max_input_tokens:])}
+    return {"prompt_token_ids": list(seq.prompt)}
 
 
 def sampling_params(seq: Sequence):

@@ -141,16 +141,8 @@ class VLLMWorker(EngineThread):
         admitted = []
         for seq in new:
             try:
-                self.engine.add_request(
-                    seq.id,
-                    engine_prompt(seq, self.settings.max_input_tokens),
-                    sampling_params(seq),
-                    # an over-long prompt keeps its end, as on the static path
-                    tokenization_kwargs={
-                        "truncate_prompt_tokens": self.settings.max_input_tokens,
-                        "truncation_side": "left",
-                    },
-                )
+                # nothing is cut here: the service refused an over-long prompt, or cut it as asked
+                self.engine.add_request(seq.id, engine_prompt(seq), sampling_params(seq))
             except Exception as exc:  # a prompt the engine refuses fails alone
                 self.workload.release(seq)
                 seq.fail(refusal(seq, exc))
