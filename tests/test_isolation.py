@@ -8,6 +8,8 @@ import json
 import queue
 import threading
 
+import pytest
+
 from batcher import grammar
 from batcher.errors import RowFailed
 from batcher.sampling import SamplingParams
@@ -49,16 +51,10 @@ def check(worker, runner_fp32, bad: Sequence, good: list[Sequence]) -> None:
     assert worker.status == "ready" and worker.inflight() == 0 and worker.workload.qsize() == 0
 
 
-def test_a_prompt_that_cannot_be_tokenized_fails_alone(worker, runner, runner_fp32):
-    bad = Sequence("\ud800", SamplingParams(max_tokens=5))  # a lone surrogate: no UTF-8 for it
-    good = one_round(worker, runner, bad)
-    check(worker, runner_fp32, bad, good)
-    assert "TypeError" in str(bad.error) and good[0].batch_size == 3  # the model ran the three
-
-
-def test_a_row_whose_stop_strings_raise_fails_alone_and_a_stream_beside_it_streams_on(
-    worker, runner, runner_fp32, monkeypatch
-):
+@pytest.fixture
+def poisoned_stops(monkeypatch):
+    """A row whose stop strings include "<poison>" raises in its stop-string check (one row's own
+    work), every other row's check runs as it does."""
     find_stop = rows_module.find_stop
 
     def failing(text, stops, start):
@@ -67,6 +63,18 @@ def test_a_row_whose_stop_strings_raise_fails_alone_and_a_stream_beside_it_strea
         return find_stop(text, stops, start)
 
     monkeypatch.setattr(rows_module, "find_stop", failing)
+
+
+def test_a_prompt_that_cannot_be_tokenized_fails_alone(worker, runner, runner_fp32):
+    bad = Sequence("\ud800", SamplingParams(max_tokens=5))  # a lone surrogate: no UTF-8 for it
+    good = one_round(worker, runner, bad)
+    check(worker, runner_fp32, bad, good)
+    assert "TypeError" in str(bad.error) and good[0].batch_size == 3  # the model ran the three
+
+
+def test_a_row_whose_stop_strings_raise_fails_alone_and_a_stream_beside_it_streams_on(
+    worker, runner, runner_fp32, poisoned_stops
+):
     bad = Sequence("Tell me a story", SamplingParams(max_tokens=5, stop=("<poison>",)))
     good = one_round(worker, runner, bad, streamed=True)
     check(worker, runner_fp32, bad, good)
@@ -130,15 +138,7 @@ def test_a_poison_prompt_beside_three_good_requests_harms_none_of_them(app, held
     assert bad.status_code == 400 and bad.json["type"] == "invalid_text", bad.json
 
 
-def test_a_request_whose_row_fails_in_the_round_fails_alone_on_a_stream_too(app, held_rounds, monkeypatch):
-    find_stop = rows_module.find_stop
-
-    def failing(text, stops, start):
-        if "<poison>" in stops:
-            raise ValueError("injected stop-string failure")
-        return find_stop(text, stops, start)
-
-    monkeypatch.setattr(rows_module, "find_stop", failing)
+def test_a_request_whose_row_fails_in_the_round_fails_alone_on_a_stream_too(app, held_rounds, poisoned_stops):
     bad, _ = four_in_one_round(app, held_rounds, {"prompts": ["Tell me"], "stop": ["<poison>"]})
     assert bad.status_code == 500 and "injected stop-string failure" in bad.json["error"], bad.json
     stream, _ = four_in_one_round(app, held_rounds, {"prompt": "Tell me", "stop": ["<poison>"]}, "/generate_stream")
