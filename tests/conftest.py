@@ -21,10 +21,9 @@ from service.config import Config
 KEY = "test-key"  # one of the shared server's two API keys (`shared_server`)
 # What the tests pin where they do not test the defaults (an operator's environment still wins):
 # fp32, so engines compare to rounding, and eager, so no test server compiles at its start when
-# this machine's profile (batcher/profile) chose compiled decoding. `shared_server` runs at the
-# defaults instead: the lm-eval test is about what a user gets.
+# this machine's profile (batcher/profile) chose compiled decoding. `shared_server` too: its tests
+# compare the two engines, and the profile may give them different dtypes.
 PINNED = {"DTYPE": "float32", "STATIC_COMPILE": "0", "VLLM_ENFORCE_EAGER": "1"}
-DEFAULTS = dict.fromkeys(PINNED, "auto")
 for _name, _value in PINNED.items():
     os.environ.setdefault(_name, _value)
 
@@ -60,12 +59,14 @@ def shared_server(tmp_path_factory):
     (test_e2e, test_openai, test_openai_fields, test_structured, test_eval): each start loads both
     engines, a minute or more on 2 cores, so it starts once, when a module first asks, and stops
     at the end of the session. Its settings satisfy all of them: two API keys (test_openai checks
-    that either one is taken), at most 8 prompts a request (test_openai's 413 at 9), fp32 (what
-    DTYPE auto is only on a CPU without AVX-512; test_eval compares loglikelihoods to 1e-3).
+    that either one is taken), at most 8 prompts a request (test_openai's 413 at 9), and PINNED's
+    fp32 eager on both engines: its tests compare the two engines token for token and test_eval
+    their loglikelihoods to 1e-3, while the profile may pick a different dtype per engine (on the
+    AMD EPYC here, 2026-12-01: static fp16, vLLM fp32), so the defaults are not what they test.
     A test that changes a server's state or needs other settings starts its own; one that reads
     the log or the metrics reads what its own requests added (`Server.log_mark`)."""
     log = tmp_path_factory.mktemp("shared") / "server.log"
-    srv = Server(log, {"API_KEY": f"other-key,{KEY}", "MAX_PROMPTS_PER_REQUEST": "8", "THREADS": "32", **DEFAULTS})
+    srv = Server(log, {"API_KEY": f"other-key,{KEY}", "MAX_PROMPTS_PER_REQUEST": "8", "THREADS": "32", **PINNED})
     try:
         health = srv.wait_ready(900)
         for name in ("static", "vllm"):
@@ -113,6 +114,16 @@ def vllm_app(app):
     engine = app.extensions["engines"]["vllm"]
     assert engine.wait_ready(600), f"vLLM engine did not start: {engine.health()}"
     return app
+
+
+@pytest.fixture
+def settled(vllm_app):
+    """Both engines with nothing queued or in flight before the test: for a test that checks its
+    request left nothing behind, since the session's app may still be winding down what the test
+    before it left (a cancelled stream is dropped at its next step)."""
+    engines = vllm_app.extensions["engines"].values()
+    wait_until(lambda: all(e.workload.qsize() == 0 and e.inflight() == 0 for e in engines), 300, "idle engines")
+    return vllm_app
 
 
 @pytest.fixture

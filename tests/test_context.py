@@ -9,6 +9,8 @@ import pytest
 from service import chat, context
 from tests.test_openai import MODEL
 
+pytestmark = pytest.mark.usefixtures("settled")  # the check for leftovers needs none before
+
 LONG = " ".join(["word"] * 700)  # some 700 tokens: more than MAX_INPUT_TOKENS (512)
 ENGINES = pytest.mark.parametrize("base", ["/v1", "/static/v1"])
 DEMO = pytest.mark.parametrize("path", ["/generate", "/generate_vllm"])

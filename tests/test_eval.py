@@ -36,7 +36,7 @@ TOLERANCE = 1e-3
 
 @pytest.fixture(scope="module")
 def server(shared_server):
-    return shared_server  # tests/conftest.py: the session's gunicorn, both engines at the defaults, API_KEY set
+    return shared_server  # tests/conftest.py: the session's gunicorn, both engines fp32 eager, API_KEY set
 
 
 @pytest.fixture(scope="module")

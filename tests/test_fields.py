@@ -9,6 +9,8 @@ import pytest
 from service import schema
 from tests.test_openai import MODEL
 
+pytestmark = pytest.mark.usefixtures("settled")  # the check for leftovers needs none before
+
 ROUTES = pytest.mark.parametrize(
     ("path", "prompt"),
     [

@@ -8,6 +8,8 @@ import pytest
 
 from tests.test_openai import MODEL
 
+pytestmark = pytest.mark.usefixtures("settled")  # the check for leftovers needs none before
+
 BAD = "\ud800"  # json.dumps sends it as the JSON text "\ud800"
 HI = {"messages": [{"role": "user", "content": "Hi"}]}
 
