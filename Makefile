@@ -81,11 +81,12 @@ rolling-restart:
 	PORT=$(PORT) CLUSTER_DIR=$(CLUSTER_DIR) $(PY) -m deploy.cluster rolling-restart
 
 # One pytest-xdist worker per core, each pinned to its own (tests/__init__.py); what shares an
-# expensive fixture runs in one worker (tests/conftest.py). TEST_WORKERS=0: one process, as before.
+# expensive fixture runs in one worker, the longest groups first (tests/conftest.py, hence
+# --no-loadscope-reorder). TEST_WORKERS=0: one process, as before.
 # The 25 slowest steps close the log: where CI time goes.
 TEST_WORKERS ?= auto
 test: setup
-	$(PY) -m pytest -q --durations=25 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup) tests
+	$(PY) -m pytest -q --durations=25 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder) tests
 
 bench: setup
 	LD_PRELOAD=$(PRELOAD) $(PY) -m bench $(BENCH_ARGS)

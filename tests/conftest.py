@@ -193,24 +193,52 @@ def worker(runner):
     worker.stop()
 
 
-# --- pytest-xdist: what shares an expensive fixture runs in one worker ---------------------------
-# (the fixture names whose instance costs an engine start or more; the first one a test uses names
-# its group, else its module does: a module's own module-scoped server is then started once)
+# --- pytest-xdist: what goes to which worker, and in what order ----------------------------------
+# What shares an expensive fixture runs in one worker: the first of SHARED_FIXTURES a test uses
+# names its group (the fixture names whose instance costs an engine start or more), else its
+# module does (a module's own module-scoped server then starts once). The groups go out longest
+# first (LPT), so that no long group starts while the other worker runs out of work (the rolling
+# restart once ran last, alone, for 280 s): COST_S holds each module's seconds (every test and
+# fixture of it, summed over both workers) from a run on the AMD EPYC (Zen 3) here on 2026-12-02,
+# the machine otherwise busy, so about twice a quiet run's; only the order depends on them, and a
+# module not named counts 1 s a test. `make test` passes --no-loadscope-reorder, since xdist
+# would otherwise send the groups with the most tests first, whatever they cost.
 SHARED_FIXTURES = ("shared_server", "app", "runner_fp32")
+COST_S = {
+    "test_structured": 620, "test_tools": 600, "test_eval": 565, "test_cluster": 520, "test_sampling": 480,
+    "test_page": 345, "test_static_compile": 290, "test_openai": 290, "test_profile": 195, "test_admission": 190,
+    "test_bench_smoke": 165, "test_drain": 130, "test_runner": 85, "test_openai_fields": 85,
+    "test_slow_clients": 70, "test_echo": 65, "test_isolation": 60, "test_vllm": 55, "test_worker": 50,
+    "test_streaming": 45, "test_e2e": 35, "test_api": 30, "test_context": 20, "test_race": 15,
+}  # fmt: skip
+
+
+def _costs(items: list) -> dict:
+    """Each test's estimated seconds: its module's COST_S shared evenly by the module's tests."""
+    name = {item: item.module.__name__.rpartition(".")[2] for item in items}
+    count: dict[str, int] = {}
+    for item in items:
+        count[name[item]] = count.get(name[item], 0) + 1
+    return {item: COST_S.get(name[item], count[name[item]]) / count[name[item]] for item in items}
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """`--dist loadgroup` sends the tests of one group to one worker, reading the group from the
-    node id's `@group` suffix. pytest-xdist 3.8 writes that suffix into `item._nodeid`, which
-    pytest 9 no longer reads (a node's id is `item._id`, a NodeId), so every group would be split:
-    the suffix goes into the id here, as xdist's own hook means to (its hook then finds the mark
-    and writes the attribute nobody reads)."""
+    """Groups the tests and orders the groups longest first (stably: pytest-randomly's order stays
+    within each group). `--dist loadgroup` reads a test's group from its node id's `@group`
+    suffix; pytest-xdist 3.8 writes that suffix into `item._nodeid`, which pytest 9 no longer
+    reads (a node's id is `item._id`, a NodeId), so every group would be split: the suffix goes
+    into the id here, as xdist's own hook means to (its hook then finds the mark and writes the
+    attribute nobody reads)."""
     from _pytest.nodeid import NodeId
 
+    costs, group, total = _costs(items), {}, {}
     for item in items:
         names = item.fixturenames  # the whole closure: a fixture's own fixtures too
-        group = next((name for name in SHARED_FIXTURES if name in names), item.module.__name__)
-        item.add_marker(pytest.mark.xdist_group(group))
+        group[item] = next((name for name in SHARED_FIXTURES if name in names), item.module.__name__)
+        total[group[item]] = total.get(group[item], 0.0) + costs[item]
+    items.sort(key=lambda item: -total[group[item]])
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(group[item]))
         if os.environ.get("PYTEST_XDIST_WORKER"):
-            item._id = NodeId.parse(f"{item.nodeid}@{group}")
+            item._id = NodeId.parse(f"{item.nodeid}@{group[item]}")
