@@ -83,8 +83,9 @@ def test_a_faithful_candidate_is_timed_at_each_size_after_its_fidelity(clock):
     done, events = run(spec(cap_s=60), fake)
     assert done["status"] == "measured" and len(done["runs"]) == 2
     assert fake.calls == [4, 4, 4, 4, 4, 1, 4]  # five rounds of fidelity, then 1 and 4 prompts
-    fid = next(e for e in events if e["event"] == "fidelity")
-    assert (fid["exact"], fid["of"], fid["prefix"], fid["france"]) == (20, 20, 1.0, True)
+    progress = [e for e in events if e["event"] == "fidelity"]  # one a round: a killed row keeps how far it got
+    assert [e["of"] for e in progress] == [4, 8, 12, 16, 20]
+    assert (progress[-1]["exact"], progress[-1]["prefix"], progress[-1]["france"]) == (20, 1.0, True)
 
 
 def test_an_unfaithful_candidate_is_not_timed_unless_asked(clock):

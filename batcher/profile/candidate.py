@@ -44,19 +44,17 @@ def _fidelity(spec: dict, engine, emit, started: float) -> tuple[str | None, flo
         begun = time.monotonic()
         completions += engine.generate(texts[i : i + chunk], spec["max_tokens"], ignore_eos=False, size=chunk)
         step_s = max(step_s, (time.monotonic() - begun) / spec["max_tokens"])
-        if reference is None:  # the reference itself: nothing to compare with yet
-            continue
-        france = "Paris" in engine.decode(completions[fidelity.PARIS_INDEX])
-        why = None if spec.get("speed_always") else fidelity.out_of_reach(reference, completions, france)
+        paris = engine.decode(completions[fidelity.PARIS_INDEX])
+        compared = fidelity.compare(reference or completions, completions, paris)  # the reference: itself
+        emit({"event": "fidelity", **compared, "completions": completions})  # so far: a killed row keeps it
+        if reference is not None and not spec.get("speed_always"):
+            why = fidelity.out_of_reach(reference, completions, compared["france"])
         chunks_left = math.ceil((len(texts) - len(completions)) / chunk)
         left = chunks_left * chunk_cost(step_s, spec["max_tokens"]) + sum(speed_costs(spec, engine.batch, step_s))
         if why is None and _over(spec, started, left):
             why = too_slow(spec, started, left)
         if why:
             break
-    paris = engine.decode(completions[fidelity.PARIS_INDEX])
-    compared = fidelity.compare(reference or completions, completions, paris)
-    emit({"event": "fidelity", **compared, "completions": completions})
     unfaithful = not (compared["france"] and compared["prefix"] >= fidelity.MIN_PREFIX)
     if why is None and unfaithful and not spec.get("speed_always"):
         france = "right" if compared["france"] else "wrong"
