@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from batcher.profile import candidate, choose, fidelity, measure
+from batcher.profile import candidate, choose, fidelity, measure, session
 
 REFERENCE = [[i] * fidelity.MAX_TOKENS for i in range(len(fidelity.PROMPTS))]
 TEXTS = [f"prompt {i}" for i in range(len(REFERENCE))]
@@ -190,3 +190,35 @@ def test_each_candidate_has_its_cap_and_the_budget_decides_what_starts(model_pat
     assert rows["vllm float16 compiled"]["status"].startswith("not run: float16 eager timed out")
     assert rows["vllm float32 eager"]["speed"] == {"1": 1.0, "4": 1.0, "64": 1.0}
     assert choose.resolve(result, "vllm", "auto", None)[:2] == ("float32", True)  # as fast, and starts sooner
+
+
+class FakeChild:
+    """session.Child without a process: ready at once, every candidate done at once."""
+
+    made: list = []
+
+    def __init__(self, engine_, log, cache):
+        self.engine, self.ready, self.events, self.closed = engine_, False, [{"event": "ready"}], None
+        FakeChild.made.append(self)
+
+    def send(self, spec):
+        self.events.append({"event": "done", "status": "measured", "runs": [[1.0]]})
+
+    def event(self, deadline):
+        return self.events.pop(0) if self.events else None
+
+    def close(self, kill=False):
+        self.closed = "killed" if kill else "closed"
+
+
+def test_one_process_per_engine_serves_all_its_candidates(monkeypatch):
+    FakeChild.made = []
+    monkeypatch.setattr(session, "Child", FakeChild)
+    children = session.Children(log=None, cache="")
+    children.spawn(["static", "vllm"])
+    children.ready(["static", "vllm"], deadline=float("inf"))
+    for engine_ in ("static", "vllm", "static", "vllm"):
+        assert children.measure(engine_, {}, cap_s=60, deadline=float("inf"))["status"] == "measured"
+    assert [child.engine for child in FakeChild.made] == ["static", "vllm"]  # never a second one
+    children.close()
+    assert [child.closed for child in FakeChild.made] == ["closed", "closed"]

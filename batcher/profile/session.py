@@ -34,8 +34,11 @@ class Child:
         self.selector.register(read, selectors.EVENT_READ)
 
     def send(self, spec: dict) -> None:
-        self.proc.stdin.write(json.dumps(spec) + "\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write(json.dumps(spec) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:  # it died: `event` reads its exit
+            pass
 
     def event(self, deadline: float) -> dict | None:
         """The next event, or None past `deadline` (time.monotonic()); {"event": "exit"} if the
@@ -79,7 +82,8 @@ class Children:
         """Every engine's child at once, before any candidate runs: their imports (one core
         each, mostly) go side by side, and never beside a candidate's timed runs (`ready`)."""
         for engine in engines:
-            self.alive.setdefault(engine, Child(engine, self.log, self.cache))
+            if engine not in self.alive:
+                self.alive[engine] = Child(engine, self.log, self.cache)
 
     def ready(self, engines, deadline: float) -> None:
         for engine in engines:
@@ -88,7 +92,10 @@ class Children:
     def _ready(self, engine: str, deadline: float) -> bool:
         """Whether `engine`'s child (started now if need be) finished its imports by `deadline`;
         one that did not is killed."""
-        child = self.alive.setdefault(engine, Child(engine, self.log, self.cache))
+        if engine not in self.alive and time.monotonic() >= deadline:
+            return False  # no time left to start one
+        self.spawn([engine])
+        child = self.alive[engine]
         if not child.ready:
             event = child.event(deadline)
             child.ready = event is not None and event["event"] == "ready"
