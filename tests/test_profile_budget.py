@@ -97,9 +97,10 @@ def test_an_unfaithful_candidate_is_not_timed_unless_asked(clock):
 
 
 def test_a_slow_candidate_stops_on_its_projection_before_its_cap(clock):
-    fake = engine(clock, 0.5)  # a round of 24 tokens: 12 s; 4 rounds (48 s) and 2 timed runs (20 s) left
+    # a round of 24 tokens: 12 s; 4 rounds left (48 s), then 1 and 4 prompts of 20 tokens (6.25 + 10 s)
+    fake = engine(clock, 0.5)
     done, _ = run(spec(cap_s=60), fake)
-    assert done["status"] == "too slow: projected 80 s, over its cap of 60 s"
+    assert done["status"] == "too slow: projected 76 s, over its cap of 60 s"
     assert fake.calls == [4] and clock.now == pytest.approx(12)  # stopped at 12 s, not at 60
 
 
