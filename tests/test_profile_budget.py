@@ -129,13 +129,16 @@ def test_what_is_not_run_says_why():
     bf16 = {**ref, "dtype": "bfloat16", "status": "not faithful: France wrong after 4/20 prompts", "prefix": 0.6}
     fp16 = {**ref, "dtype": "float16", "status": "timed out after 60 s (its cap: 60 s)"}
     fp16.pop("prefix")
-    rows = [ref, bf16, fp16]
+    slow = {**ref, "engine": "vllm", "status": "too slow: projected 86 s, over its cap of 60 s", "of": 20}
+    rows = [{**ref, "of": 20}, bf16, fp16, slow]
+    # faithful answers, too slow to time within its cap: its compiled row may be faster, and is run
+    assert measure.skipped(("vllm", "float32", False), rows, 100) is None
     assert measure.skipped(("static", "bfloat16", False), rows, 100) == "not run: bfloat16 eager was not faithful"
     assert measure.skipped(("static", "float16", False), rows, 100) == (
         "not run: float16 eager timed out after 60 s (its cap: 60 s)"
     )
     assert measure.skipped(("static", "float32", False), rows, 100) is None
-    assert measure.skipped(("static", "float32", False), rows, 2) == "timed out: budget spent before it started"
+    assert measure.skipped(("static", "float32", False), rows, 9) == "timed out: budget spent before it started"
     assert measure.skipped(("vllm", "float32", True), [{**ref, "status": "timed out"}], 100) == "not run: no reference"
 
 

@@ -26,14 +26,14 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from batcher.profile import choose, fidelity, session, store
+from batcher.profile import fidelity, session, store
 from batcher.settings import StaticSettings, VLLMSettings
 
 DTYPES = ("float32", "float16", "bfloat16")
 SIZES = {"static": (1, 4), "vllm": (1, 4, 64)}
 TIMED_TOKENS, BUDGET_S = 20, 150.0
 CAP_SHARE = 0.4  # of the budget, per candidate: one slow candidate cannot starve the rest
-MIN_START_S = 5.0  # less left than this: not started (no engine builds in that)
+MIN_START_S = 10.0  # less left than this: not started (no engine builds and answers in that)
 # Prompts per fidelity call: vLLM takes all 20 at once (as it would batch them); the static
 # engine its rounds of BATCH_SIZE, as it serves them (and the compiled one's graphs have that
 # shape), which also lets a candidate stop after the round where the bar went out of reach.
@@ -61,13 +61,21 @@ def skipped(candidate: tuple[str, str, bool], rows: list[dict], left_s: float) -
     engine, dtype, eager = candidate
     if rows and rows[0].get("status") != "measured":
         return "not run: no reference"
-    if not eager:
+    if not eager:  # compiling changes no answer here: its eager row's fidelity decides, not its speed
         mine = next((r for r in rows if (r["engine"], r["dtype"], r["eager"]) == (engine, dtype, True)), None)
-        if mine is not None and not choose.faithful(mine):
-            return f"not run: {dtype} eager {'was not faithful' if 'prefix' in mine else mine['status']}"
+        if mine is not None and not faithful_answers(mine):
+            unfaithful = mine.get("of") == len(fidelity.PROMPTS) or mine["status"].startswith("not faithful")
+            return f"not run: {dtype} eager {'was not faithful' if unfaithful else mine['status']}"
     if left_s < MIN_START_S:
         return "timed out: budget spent before it started"
     return None
+
+
+def faithful_answers(row: dict) -> bool:
+    """Its fidelity measured in full and over the bar, whether or not its speed was (choose.faithful
+    asks both)."""
+    full = row.get("of") == len(fidelity.PROMPTS)
+    return full and row.get("prefix", 0) >= fidelity.MIN_PREFIX and bool(row.get("france"))
 
 
 def quantized_notes(flags: list[str]) -> list[str]:
