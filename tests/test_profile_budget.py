@@ -102,6 +102,9 @@ def test_a_slow_candidate_stops_on_its_projection_before_its_cap(clock):
     done, _ = run(spec(cap_s=60), fake)
     assert done["status"] == "too slow: projected 76 s, over its cap of 60 s"
     assert fake.calls == [4] and clock.now == pytest.approx(12)  # stopped at 12 s, not at 60
+    # the reference is not stopped on a projection: every other row needs it (the parent's kill stays)
+    done, _ = run({**spec(cap_s=60, reference=None), "project": False}, engine(clock, 0.5))
+    assert done["status"] == "measured"
 
 
 def test_the_speed_runs_stop_where_the_rest_would_pass_the_cap(clock):

@@ -140,6 +140,7 @@ def measure(model_path: str, log_path: Path, budget_s: float = BUDGET_S, only=No
                 if why is None:
                     cap = budget_s if not rows else CAP_SHARE * budget_s
                     spec = spec_for(candidate, base[candidate[0] == "vllm"], texts, reference, **how)
+                    spec["project"] = bool(rows)  # the reference runs to its cap (candidate._over)
                     result = children.measure(candidate[0], spec, cap, deadline)
                     reference = reference or result.get("completions")
                     rows.append(row_for(candidate, result, how.get("sizes", SIZES)[candidate[0]]))
