@@ -59,9 +59,10 @@ model: $(STAMP)
 	CACHE_DIR=$(CACHE_DIR) MODEL=$(MODEL) $(PY) -m batcher.checkpoint
 
 # This machine's profile (batcher/profile), measured once per machine key within PROFILE_BUDGET
-# seconds: what every `auto` (DTYPE, STATIC_COMPILE, VLLM_ENFORCE_EAGER) becomes, faithful first,
-# then fastest; it leaves the compile caches warm. `make profile PROFILE_ARGS=--measure` measures again.
-PROFILE_BUDGET ?= 240
+# seconds (150: with pip's ~4 min, a fresh `make setup` stays under 6; each candidate gets at
+# most 40% of it): what every `auto` (DTYPE, STATIC_COMPILE, VLLM_ENFORCE_EAGER) becomes, faithful
+# first, then fastest; it leaves the compile caches warm. `make profile PROFILE_ARGS=--measure` measures again.
+PROFILE_BUDGET ?= 150
 profile: model
 	CACHE_DIR=$(CACHE_DIR) MODEL=$(MODEL) LD_PRELOAD=$(PRELOAD) \
 	  $(PY) -m batcher.profile --if-missing --budget $(PROFILE_BUDGET) $(PROFILE_ARGS)

@@ -160,14 +160,14 @@ class Bench:
         config = Config.from_env()
         return resolve_model(config.model, config.cache_dir)
 
-    def profiled(self, only=None) -> dict:
+    def profiled(self, only=None, **how) -> dict:
         """batcher/profile's measurement, unbounded, from the service's settings (as resolved)."""
         config, path = Config.from_env(), self.model_path
-        base, how = (config.static_engine(path), config.vllm_engine(path)), {"cache": config.compile_cache_dir}
+        base, how = (config.static_engine(path), config.vllm_engine(path)), {"cache": config.compile_cache_dir, **how}
         return profiling.measure(path, self.log_path, 7200, only, base, repeats=self.args.repeats, **how)
 
-    def fidelity(self) -> None:  # every candidate against static fp32 eager (the machine profile's run)
-        self.res["fidelity"] = [show.cells(row) for row in self.profiled()["rows"]]
+    def fidelity(self) -> None:  # every candidate against static fp32 eager, each in full and timed
+        self.res["fidelity"] = [show.cells(row) for row in self.profiled(speed_always=True)["rows"]]
 
     def profile(self) -> None:
         """The stored profile beside a fresh measurement of every candidate it found faithful."""

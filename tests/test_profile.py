@@ -4,11 +4,12 @@ measurement that overruns its budget, and every candidate answering on real engi
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 
 from batcher.device import pick
-from batcher.profile import child, choose, measure, store
+from batcher.profile import child, choose, measure, session, store
 from batcher.static.runner import Runner
 from service.config import Config
 
@@ -105,11 +106,20 @@ def test_a_measurement_over_its_budget_falls_back_to_fp32_eager_and_says_so(mode
     picked = pick("vllm", "auto", None, "cpu", model_path, str(tmp_path))
     assert (picked.dtype, picked.eager) == ("float32", True)
     assert "reference was not measured (timed out" in picked.reason
-    # a candidate's own process past its time: killed, recorded as timed out, not eligible
+
+
+def test_a_candidate_past_its_cap_is_killed_with_its_process_and_not_eligible(model_path, tmp_path):
     static, _ = measure.templates(model_path)
+    spec = measure.spec_for(("static", "float32", True), static, ["Hello"], None)
     with open(tmp_path / "log", "a") as log:
-        row = measure.measure_one("static", "float32", True, static, ["Hello"], log, timeout=1)
-    assert row["status"] == "timed out after 1 s" and not choose.faithful(row)
+        children = session.Children(log, "")
+        try:  # the child's imports count against the budget (600 s), the cap (1 s) starts after them
+            out = children.measure("static", spec, cap_s=1, deadline=time.monotonic() + 600)
+            assert "static" not in children.alive  # killed: the engine's next candidate gets a new process
+        finally:
+            children.close()
+    row = measure.row_for(("static", "float32", True), out, (1, 4))
+    assert row["status"] == "timed out after 1 s (its cap: 1 s)" and not choose.faithful(row)
 
 
 @pytest.fixture(scope="module")

@@ -4,12 +4,14 @@ A spec: the engine ("static": the service's Runner; "vllm": `vllm.LLM`), its `se
 fields of StaticSettings or VLLMSettings, every auto already resolved), `compile_cache_dir`,
 `texts` to complete greedily to `max_tokens`, `timed` prompt lists (`timed_tokens` each, after a
 warm-up, `repeats` runs; `bare`: transformers' generate() too). `run(spec, log, timeout)` starts
-`python -m batcher.profile.child` and returns what it measured (start and compile seconds,
-completions' token ids, run seconds).
+`python -m batcher.profile.child` for one spec (the bench's baselines) and returns what it
+measured; `--serve ENGINE` keeps one process for many candidates (batcher/profile/session.py
+drives it, batcher/profile/candidate.py measures each): the imports are paid once.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -19,27 +21,30 @@ import time
 import timeit
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 from batcher.compile_cache import use_compile_cache
 from batcher.settings import StaticSettings, VLLMSettings
 
 ROOT = Path(__file__).resolve().parent.parent.parent
+ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # vLLM's engine core in this process, as the service
 
 
 def run(spec: dict, log, timeout: float = 1200) -> dict:
     """`spec` in its own process, its output to the open file `log`; raises
     subprocess.TimeoutExpired past `timeout` (the child killed) and CalledProcessError on a failure."""
     with tempfile.TemporaryDirectory() as tmp:
-        out_path, env = Path(tmp, "out.json"), {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # as the service
+        out_path, env = Path(tmp, "out.json"), {**os.environ, **ENV}
         cmd = [sys.executable, "-m", "batcher.profile.child", json.dumps(spec), str(out_path)]
         log.flush()
         subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout, check=True)
         return json.loads(out_path.read_text())
 
 
-def _static(settings: StaticSettings) -> tuple:
-    """What it built; generate(prompts, max_tokens, ignore_eos): token ids, in rounds of BATCH_SIZE;
-    transformers' own generate() on the same model, the static overhead's reference."""
+def _static(settings: StaticSettings) -> SimpleNamespace:
+    """What it built; generate(prompts, max_tokens, ignore_eos, size): token ids, in rounds of
+    `size` (BATCH_SIZE unless told); bare: transformers' own generate() on the same model, the
+    static overhead's reference; decode: the tokenizer's."""
     import torch
 
     from batcher.sampling import SamplingParams
@@ -47,13 +52,14 @@ def _static(settings: StaticSettings) -> tuple:
     from batcher.static.runner import Runner, set_torch_threads
 
     set_torch_threads(settings.torch_threads)  # as the service's model thread does
-    started, size = time.perf_counter(), settings.batch_size
+    started, batch = time.perf_counter(), settings.batch_size
     runner = Runner(settings)
     compile_s = runner.warm_up() if runner.compiles else None
     built = {"start_s": time.perf_counter() - started, "compile_s": compile_s, "dtype": str(runner.dtype)}
 
-    def generate(prompts: list[str], max_tokens: int, ignore_eos: bool = True) -> list[list[int]]:
+    def generate(prompts: list[str], max_tokens: int, ignore_eos: bool = True, size: int = 0) -> list[list[int]]:
         seqs = [Sequence(p, SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos)) for p in prompts]
+        size = size or batch
         for i in range(0, len(seqs), size):
             runner.generate(seqs[i : i + size], runner.encode(prompts[i : i + size]))
         return [list(s.token_ids) for s in seqs]
@@ -65,41 +71,73 @@ def _static(settings: StaticSettings) -> tuple:
             **runner.encode(prompts), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=pad
         )
 
-    return built, generate, bare
+    decode = partial(runner.tokenizer.decode, skip_special_tokens=True)
+    return SimpleNamespace(built=built, generate=generate, bare=bare, decode=decode, batch=settings.batch_size)
 
 
-def _vllm(settings: VLLMSettings) -> tuple:
+def _vllm(settings: VLLMSettings) -> SimpleNamespace:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings.kv_cache_gib))
     from vllm import LLM, SamplingParams
 
     started = time.perf_counter()
     names = ("dtype", "enforce_eager", "max_model_len", "max_num_seqs", "gpu_memory_utilization")
     llm = LLM(model=settings.model_path, **{name: getattr(settings, name) for name in names})
-    built, eos = {"start_s": time.perf_counter() - started, "dtype": settings.dtype}, llm.get_tokenizer().eos_token_id
+    built, tok = {"start_s": time.perf_counter() - started, "dtype": settings.dtype}, llm.get_tokenizer()
 
-    def generate(prompts: list[str], max_tokens: int, ignore_eos: bool = True) -> list[list[int]]:
+    def generate(prompts: list[str], max_tokens: int, ignore_eos: bool = True, size: int = 0) -> list[list[int]]:
         params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=ignore_eos)
         outs = llm.generate(prompts, params, use_tqdm=False)  # EOS is not in the static path's tokens: dropped
-        return [[t for t in o.outputs[0].token_ids if t != eos] for o in outs]
+        return [[t for t in o.outputs[0].token_ids if t != tok.eos_token_id] for o in outs]
 
-    return built, generate, None
+    decode = partial(tok.decode, skip_special_tokens=True)
+    return SimpleNamespace(built=built, generate=generate, bare=None, decode=decode, batch=0)
+
+
+BUILDERS = {"static": (StaticSettings, _static), "vllm": (VLLMSettings, _vllm)}
+
+
+def build(spec: dict) -> SimpleNamespace:
+    kind = BUILDERS[spec["engine"]]
+    settings = kind[0](**spec["settings"])
+    use_compile_cache(spec.get("compile_cache_dir", ""), settings.device)  # as the service does
+    return kind[1](settings)
 
 
 def main(spec: dict, out_path: str) -> None:
-    kind = {"static": (StaticSettings, _static), "vllm": (VLLMSettings, _vllm)}[spec["engine"]]
-    settings = kind[0](**spec["settings"])
-    use_compile_cache(spec.get("compile_cache_dir", ""), settings.device)  # as the service does
-    built, generate, bare = kind[1](settings)
+    engine = build(spec)
+    built = engine.built
     if spec.get("texts"):
-        built["completions"] = generate(spec["texts"], spec["max_tokens"], ignore_eos=False)
-    for key, fn in {"runs": generate, **({"bare_runs": bare} if spec.get("bare") else {})}.items():
+        built["completions"] = engine.generate(spec["texts"], spec["max_tokens"], ignore_eos=False)
+    for key, fn in {"runs": engine.generate, **({"bare_runs": engine.bare} if spec.get("bare") else {})}.items():
         timed = [partial(fn, prompts, spec["timed_tokens"]) for prompts in spec.get("timed", [])]  # after a warm-up
         built[key] = [timeit.repeat(one, "gc.enable()", number=1, repeat=spec["repeats"] + 1)[1:] for one in timed]
     Path(out_path).write_text(json.dumps(built))
+
+
+def serve(engine: str, result_fd: int, compile_cache_dir: str, device: str) -> None:
+    """Candidates of `engine` from stdin, one JSON spec a line; every event of each (candidate.py)
+    to `result_fd`, one JSON object a line, the first {"event": "ready"} once the engine's imports
+    are done (a cost of the engine, not of its first candidate). Each engine built is dropped
+    before the next."""
+    import importlib
+
+    from batcher.profile import candidate
+
+    use_compile_cache(compile_cache_dir, device)  # before the imports: what they read stays ours
+    importlib.import_module({"static": "batcher.static.runner", "vllm": "vllm"}[engine])
+    with os.fdopen(result_fd, "w", buffering=1) as out:
+        emit = lambda event: out.write(json.dumps(event) + "\n")  # noqa: E731
+        emit({"event": "ready"})
+        for line in sys.stdin:
+            candidate.measure(json.loads(line), build, emit)
+            gc.collect()  # the engine just measured (a vLLM LLM holds its KV cache) goes before the next
 
 
 if __name__ == "__main__":
     import logging
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    main(json.loads(sys.argv[1]), sys.argv[2])
+    if sys.argv[1] == "--serve":
+        serve(sys.argv[2], int(sys.argv[3]), *sys.argv[4:6])
+    else:
+        main(json.loads(sys.argv[1]), sys.argv[2])

@@ -1,13 +1,15 @@
 """The rule that turns a profile into each engine's `auto`s: faithful first, then fastest.
 
 Pure functions of the measured rows (tests/test_profile.py feeds them fake ones). A row:
-{"engine", "dtype", "eager", "status" ("measured", "timed out", "failed: ...", "not run: ..."),
+{"engine", "dtype", "eager", "status" ("measured", "not faithful: ...", "too slow: ...", "timed out ...",
+"failed: ...", "not run: ..."),
 "exact", "of", "prefix", "france", "start_s", "compile_s", "speed": {"1": s, "4": s, "64": s}}.
 """
 
 from __future__ import annotations
 
-MIN_PREFIX = 0.95  # the mean agreeing prefix with the static fp32 eager reference
+from batcher.profile.fidelity import MIN_PREFIX  # the mean agreeing prefix with the static fp32 eager reference
+
 # How much each request size counts: one prompt most (what a newcomer tries first, and a chat
 # user's every turn), a round of 4 next (the static engine's default batch), 64 the least (a
 # bulk client, who is also the one who reads the docs). Renormalised over the sizes measured.

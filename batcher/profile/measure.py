@@ -1,33 +1,43 @@
-"""Measure this machine's candidates, each in its own process, within a time budget.
+"""Measure this machine's candidates within a time budget, in the order of what can win.
 
-Per engine, every dtype the engine takes on this device (fp32, fp16, bf16), eager and compiled
-(STATIC_COMPILE for the static engine, VLLM_ENFORCE_EAGER for vLLM). Each: the greedy chat
-completions of prompts.json (24 tokens) against the static engine's fp32 eager (the reference,
-measured first), France -> Paris, its start (and compile) seconds, and the seconds of one call
-of 1, 4 (and, vLLM only, 64: sixteen static rounds cost too much here) prompts of 20 tokens,
-after a warm-up. Eager rows of every dtype first (cheap), then compiled ones, and a compiled
-row only for a dtype whose eager row was faithful (compiling never answered closer to fp32 in
-our tables). A candidate that overruns what is left of the budget is recorded as timed out.
+Per engine, every dtype it takes on this device (fp32, fp16, bf16), eager and compiled
+(STATIC_COMPILE for the static engine, VLLM_ENFORCE_EAGER for vLLM), with the service's default
+settings (what the profile compiles is what `make serve` finds in the cache). Each: the greedy
+chat completions of the fidelity prompts against the static engine's fp32 eager (the reference,
+measured first), France -> Paris, its start (and compile) seconds, and, only when faithful, one
+call of 1, 4 (and, vLLM only, 64) prompts of 20 tokens (the fidelity calls were the warm-up).
+
+The order (`candidates`): fp32 eager on both engines (the reference, and vLLM's fallback), fp16
+eager (faithful where measured, and the static engine's fastest on a quiet Zen 3), fp32 compiled
+(as faithful as eager by construction, 1.1-1.2x on both CPU kinds seen, but a minute or more of
+compiling from a cold cache), bf16 eager (unfaithful on every CPU measured so far, yet measured
+where there is time: defaults are decided by measuring), then fp16 and bf16 compiled, each only
+where its eager row was faithful. Every engine keeps one process for its candidates
+(session.py). Each candidate has a cap, CAP_SHARE of the budget (the reference: all that is
+left): the child stops it once its projection passes the cap ("too slow"), the parent kills it at
+the cap ("timed out"); a candidate the budget cannot start is recorded as such.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
-import subprocess
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from batcher.profile import child, choose, store
+from batcher.profile import fidelity, session, store
 from batcher.settings import StaticSettings, VLLMSettings
 
-PROMPTS = json.loads(Path(__file__).with_name("prompts.json").read_text())
-PARIS_PROMPT = "What is the capital of France?"
 DTYPES = ("float32", "float16", "bfloat16")
 SIZES = {"static": (1, 4), "vllm": (1, 4, 64)}
-MAX_TOKENS, TIMED_TOKENS, BUDGET_S = 24, 20, 240.0
+TIMED_TOKENS, BUDGET_S = 20, 150.0
+CAP_SHARE = 0.4  # of the budget, per candidate: one slow candidate cannot starve the rest
+MIN_START_S = 10.0  # less left than this: not started (no engine builds and answers in that)
+# Prompts per fidelity call: vLLM takes all 20 at once (as it would batch them); the static
+# engine its rounds of BATCH_SIZE, as it serves them (and the compiled one's graphs have that
+# shape), which also lets a candidate stop after the round where the bar went out of reach.
+ALL_AT_ONCE = len(fidelity.PROMPTS)
 # Quantized routes (issue 18) and the CPU flags their kernels need; absent here: not built.
 QUANTIZED = {"4-bit CPUWNA16 (vLLM)": ("avx512f",), "int8 W8A8 (vLLM)": ("avx512_vnni", "avx_vnni")}
 
@@ -41,8 +51,31 @@ def templates(model_path: str) -> tuple[StaticSettings, VLLMSettings]:
 
 def candidates() -> list[tuple[str, str, bool]]:
     """(engine, dtype, eager) in the order they are measured; the first is the reference."""
-    eager = [(engine, dtype, True) for dtype in DTYPES for engine in ("static", "vllm")]
-    return eager + [(engine, dtype, False) for engine, dtype, _ in eager]
+    order = [("float32", True), ("float16", True), ("float32", False), ("bfloat16", True)]
+    order += [("float16", False), ("bfloat16", False)]
+    return [(engine, dtype, eager) for dtype, eager in order for engine in ("static", "vllm")]
+
+
+def skipped(candidate: tuple[str, str, bool], rows: list[dict], left_s: float) -> str | None:
+    """Why `candidate` is not run, given the rows so far and the budget's seconds left; None: run it."""
+    engine, dtype, eager = candidate
+    if rows and rows[0].get("status") != "measured":
+        return "not run: no reference"
+    if not eager:  # compiling changes no answer here: its eager row's fidelity decides, not its speed
+        mine = next((r for r in rows if (r["engine"], r["dtype"], r["eager"]) == (engine, dtype, True)), None)
+        if mine is not None and not faithful_answers(mine):
+            unfaithful = mine.get("of") == len(fidelity.PROMPTS) or mine["status"].startswith("not faithful")
+            return f"not run: {dtype} eager {'was not faithful' if unfaithful else mine['status']}"
+    if left_s < MIN_START_S:
+        return "timed out: budget spent before it started"
+    return None
+
+
+def faithful_answers(row: dict) -> bool:
+    """Its fidelity measured in full and over the bar, whether or not its speed was (choose.faithful
+    asks both)."""
+    full = row.get("of") == len(fidelity.PROMPTS)
+    return full and row.get("prefix", 0) >= fidelity.MIN_PREFIX and bool(row.get("france"))
 
 
 def quantized_notes(flags: list[str]) -> list[str]:
@@ -53,90 +86,75 @@ def quantized_notes(flags: list[str]) -> list[str]:
     ]
 
 
-def chat_texts(tok) -> list[str]:
-    chat = [[{"role": "user", "content": p}] for p in PROMPTS]
-    return [tok.apply_chat_template(turn, tokenize=False, add_generation_prompt=True) for turn in chat]
-
-
 def speed_prompts(n: int) -> list[str]:
     """n distinct prompts (vLLM's prefix cache would make repeats cheap)."""
-    return [PROMPTS[i % len(PROMPTS)] + (f" ({i})" if i >= len(PROMPTS) else "") for i in range(n)]
+    prompts = fidelity.PROMPTS
+    return [prompts[i % len(prompts)] + (f" ({i})" if i >= len(prompts) else "") for i in range(n)]
 
 
-def _agreeing_prefix(a: list[int], b: list[int]) -> float:
-    same = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-    return same / max(len(a), len(b)) if a or b else 1.0
-
-
-def compare(reference: list[list[int]], completions: list[list[int]], paris: str) -> dict:
-    """Exact matches, the mean agreeing-prefix fraction (tokens agreeing from the start / the
-    longer), France -> Paris (`paris`: the decoded answer to PARIS_PROMPT)."""
-    pairs = list(zip(reference, completions, strict=True))
-    return {
-        "exact": sum(a == b for a, b in pairs),
-        "of": len(pairs),
-        "prefix": round(statistics.mean(_agreeing_prefix(a, b) for a, b in pairs), 3),
-        "france": "Paris" in paris,
-        "france_text": paris[:40].replace("\n", " "),
-    }
-
-
-def measure_one(engine: str, dtype: str, eager: bool, base, texts: list[str], log, timeout: float, **how) -> dict:
-    """One candidate in its own process: its row without the comparison, plus its completions."""
-    row = {"engine": engine, "dtype": dtype, "eager": eager}
+def spec_for(candidate: tuple[str, str, bool], base, texts: list[str], reference, **how) -> dict:
+    """What the child runs for `candidate`: `base` (its engine's settings) varied in dtype and decoding."""
+    engine, dtype, eager = candidate
     fast = {"compile": not eager} if engine == "static" else {"enforce_eager": eager}
     settings = dataclasses.replace(base, dtype=dtype, reason="profile candidate", **fast)
+    chunk = settings.batch_size if engine == "static" else ALL_AT_ONCE
     sizes = how.get("sizes", SIZES)[engine]
-    spec = dict(engine=engine, settings=dataclasses.asdict(settings), compile_cache_dir=how.get("cache", ""))
-    spec.update(texts=texts, max_tokens=MAX_TOKENS, timed_tokens=TIMED_TOKENS, repeats=how.get("repeats", 1))
-    started = time.monotonic()
-    try:
-        out = child.run({**spec, "timed": [speed_prompts(n) for n in sizes]}, log, timeout=max(timeout, 1))
-    except subprocess.TimeoutExpired:
-        return {**row, "status": f"timed out after {timeout:.0f} s", "seconds": round(time.monotonic() - started)}
-    except subprocess.CalledProcessError as exc:
-        return {**row, "status": f"failed: exit {exc.returncode}", "seconds": round(time.monotonic() - started)}
-    row.update(status="measured", start_s=round(out["start_s"], 1), compile_s=out.get("compile_s"))
-    row["speed"] = {str(n): round(statistics.median(runs), 3) for n, runs in zip(sizes, out["runs"], strict=True)}
-    return {**row, "seconds": round(time.monotonic() - started), "completions": out["completions"]}
+    return dict(
+        engine=engine, settings=dataclasses.asdict(settings), compile_cache_dir=how.get("cache", ""),
+        texts=texts, max_tokens=fidelity.MAX_TOKENS, chunk=chunk, reference=reference,
+        timed=[speed_prompts(n) for n in sizes], timed_tokens=TIMED_TOKENS, repeats=how.get("repeats", 1),
+        speed_always=how.get("speed_always", False),
+    )  # fmt: skip
+
+
+def row_for(candidate: tuple[str, str, bool], result: dict, sizes) -> dict:
+    """The profile's row from the child's merged events (choose.py's shape)."""
+    engine, dtype, eager = candidate
+    row = {"engine": engine, "dtype": dtype, "eager": eager, "status": result["status"]}
+    if "start_s" in result:
+        row.update(start_s=round(result["start_s"], 1), compile_s=result.get("compile_s"))
+    row.update({k: result[k] for k in ("exact", "of", "prefix", "france", "france_text") if k in result})
+    runs = result.get("runs") or []
+    row["speed"] = {str(n): round(statistics.median(r), 3) for n, r in zip(sizes, runs, strict=False)}
+    return {**row, "seconds": result.get("seconds", 0)}
 
 
 def measure(model_path: str, log_path: Path, budget_s: float = BUDGET_S, only=None, base=None, **how) -> dict:
-    """The profile: every candidate (or those in `only`) within `budget_s` seconds in all.
-    `base`: (StaticSettings, VLLMSettings) to vary (default: `templates`); `how`: `cache` (the
-    compile cache folder), `repeats`, `sizes`."""
+    """The profile: every candidate (or those in `only`, and the reference) within `budget_s`
+    seconds in all. `base`: (StaticSettings, VLLMSettings) to vary (default: `templates`); `how`:
+    `cache` (the compile cache folder), `repeats`, `sizes`, `speed_always` (time unfaithful rows too)."""
     started, key = time.monotonic(), store.machine_key(model_path)
-    base = base or templates(model_path)
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    texts, rows, reference, unfaithful = chat_texts(tokenizer), [], None, {}
+    deadline, base = started + budget_s, base or templates(model_path)
+    todo = [c for c in candidates() if only is None or c in only or c == candidates()[0]]
     with open(log_path, "a") as log:
-        for engine, dtype, eager in [c for c in candidates() if only is None or c in only or c == candidates()[0]]:
-            left = budget_s - (time.monotonic() - started)
-            row = {"engine": engine, "dtype": dtype, "eager": eager}
-            if reference is None and rows:
-                rows.append({**row, "status": "not run: no reference"})
-            elif not eager and (engine, dtype) in unfaithful:
-                rows.append({**row, "status": f"not run: {dtype} eager {unfaithful[engine, dtype]}"})
-            elif left < 1:
-                rows.append({**row, "status": "timed out: budget spent before it started"})
-            else:
-                row = measure_one(engine, dtype, eager, base[engine == "vllm"], texts, log, left, **how)
-                completions = row.pop("completions", None)
-                if completions is not None:
-                    reference = reference or completions
-                    paris = tokenizer.decode(completions[PROMPTS.index(PARIS_PROMPT)], skip_special_tokens=True)
-                    row.update(compare(reference, completions, paris))
-                rows.append(row)
-                if eager and not choose.faithful(row):
-                    unfaithful[engine, dtype] = "was not faithful" if completions else row["status"]
-            print(f"  {rows[-1]}", flush=True)
+        children = session.Children(log, how.get("cache", ""))
+        try:
+            engines = list(dict.fromkeys(engine for engine, _, _ in todo))
+            children.spawn(engines)
+            from transformers import AutoTokenizer  # while the children import theirs
+
+            texts, rows, reference = fidelity.chat_texts(AutoTokenizer.from_pretrained(model_path)), [], None
+            children.ready(engines, deadline)
+            for candidate in todo:
+                why = skipped(candidate, rows, deadline - time.monotonic())
+                if why is None:
+                    cap = budget_s if not rows else CAP_SHARE * budget_s
+                    spec = spec_for(candidate, base[candidate[0] == "vllm"], texts, reference, **how)
+                    spec["project"] = bool(rows)  # the reference runs to its cap (candidate._over)
+                    result = children.measure(candidate[0], spec, cap, deadline)
+                    reference = reference or result.get("completions")
+                    rows.append(row_for(candidate, result, how.get("sizes", SIZES)[candidate[0]]))
+                else:
+                    rows.append(dict(zip(("engine", "dtype", "eager"), candidate, strict=True), status=why))
+                print(f"  {rows[-1]}", flush=True)
+        finally:
+            children.close()
     first = rows[0]
     return {
         "key": key,
         "measured_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "budget_s": budget_s,
+        "cap_s": round(CAP_SHARE * budget_s),
         "wall_s": round(time.monotonic() - started),
         "reference": "measured" if first.get("status") == "measured" else first.get("status"),
         "notes": quantized_notes(key["cpu"].get("flags", [])),

@@ -8,7 +8,7 @@ from batcher.profile import choose
 
 def cells(row: dict) -> dict:
     """One row as the table shows it."""
-    measured = row.get("status") == "measured"
+    measured = "prefix" in row  # its fidelity, whole or up to where it stopped ("of" says how far)
     speed = row.get("speed", {})
     france = "yes" if row.get("france") else f"no: {row.get('france_text', '')}"
     return {
@@ -39,7 +39,8 @@ def lines(profile: dict | None) -> list[str]:
     if profile is None:
         out = ["no profile for this machine (run `python -m batcher.profile --measure`, or `make setup`)"]
     else:
-        out = [f"measured {profile['measured_at']} in {profile['wall_s']} s (budget {profile['budget_s']:.0f} s)"]
+        cap = f", each candidate's cap {profile['cap_s']} s" if "cap_s" in profile else ""
+        out = [f"measured {profile['measured_at']} in {profile['wall_s']} s (budget {profile['budget_s']:.0f} s{cap})"]
         out += markdown([cells(row) for row in profile["rows"]])
         out += [f"- {note}" for note in profile.get("notes", [])]
     for engine in ("static", "vllm"):

@@ -1,0 +1,231 @@
+"""The profile within its budget (batcher/profile): the order of the candidates, what is not run
+and why, each candidate's cap, and a candidate stopped once its fidelity is out of reach or its
+projected time passes its cap. Fake engines on a fake clock: the measuring logic, not the model
+(tests/test_profile.py runs the real engines)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from batcher.profile import candidate, choose, fidelity, measure, session
+
+REFERENCE = [[i] * fidelity.MAX_TOKENS for i in range(len(fidelity.PROMPTS))]
+TEXTS = [f"prompt {i}" for i in range(len(REFERENCE))]
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch) -> Clock:
+    clock = Clock()
+    monkeypatch.setattr(candidate, "time", clock)
+    return clock
+
+
+def engine(clock: Clock, step_s: float, wrong=(), batch: int = 4, slower: dict | None = None) -> SimpleNamespace:
+    """A fake engine: each call costs `step_s` a token on `clock` (`slower`: a call of so many
+    prompts costs so many seconds instead); prompts in `wrong` answer off the reference from
+    their first token; prompt 0 (France) decodes to Paris when right."""
+    calls = []
+
+    def generate(prompts, max_tokens, ignore_eos=True, size=0):
+        calls.append(len(prompts))
+        clock.now += (slower or {}).get(len(prompts), step_s * max_tokens)
+        index = [TEXTS.index(p) if p in TEXTS else 0 for p in prompts]
+        return [[-1] * max_tokens if i in wrong else REFERENCE[i][:max_tokens] for i in index]
+
+    decode = lambda ids: "Paris" if ids == REFERENCE[0] else "Lyon"  # noqa: E731
+    return SimpleNamespace(built={"start_s": 1.0}, generate=generate, decode=decode, batch=batch, calls=calls)
+
+
+def spec(cap_s: float, sizes=(1, 4), chunk: int = 4, reference=REFERENCE) -> dict:
+    timed = [[TEXTS[0]] * n for n in sizes]
+    return dict(
+        texts=TEXTS, max_tokens=fidelity.MAX_TOKENS, chunk=chunk, reference=reference, cap_s=cap_s,
+        timed=timed, timed_tokens=20, repeats=1,
+    )  # fmt: skip
+
+
+def run(spec: dict, fake) -> tuple[dict, list[dict]]:
+    events = []
+    candidate.measure(spec, lambda _spec: fake, events.append)
+    return events[-1], events
+
+
+def test_out_of_reach_once_france_is_wrong_or_the_best_prefix_is_under_the_bar():
+    assert fidelity.out_of_reach(REFERENCE, REFERENCE[:4], france=False).startswith("not faithful: France wrong")
+    half = [row[:12] + [-1] * 12 for row in REFERENCE[:4]]  # 0.5 each: at best (2 + 16) / 20 = 0.90
+    assert fidelity.out_of_reach(REFERENCE, half, france=True) == (
+        "not faithful: agreeing prefix at most 0.90 after 4/20 prompts"
+    )
+    nearly = [row[:23] + [-1] for row in REFERENCE[:4]]  # at best 0.99: it may still make it
+    assert fidelity.out_of_reach(REFERENCE, nearly, france=True) is None
+
+
+def test_a_candidate_wrong_on_france_stops_after_its_first_round_and_is_not_timed(clock):
+    fake = engine(clock, 0.1, wrong={0})
+    done, events = run(spec(cap_s=60), fake)
+    assert done == {"event": "done", "status": "not faithful: France wrong after 4/20 prompts", "runs": []}
+    assert fake.calls == [4]  # one round of fidelity, no speed runs
+    assert next(e for e in events if e["event"] == "fidelity")["of"] == 4
+
+
+def test_a_faithful_candidate_is_timed_at_each_size_after_its_fidelity(clock):
+    fake = engine(clock, 0.1)
+    done, events = run(spec(cap_s=60), fake)
+    assert done["status"] == "measured" and len(done["runs"]) == 2
+    assert fake.calls == [4, 4, 4, 4, 4, 1, 4]  # five rounds of fidelity, then 1 and 4 prompts
+    progress = [e for e in events if e["event"] == "fidelity"]  # one a round: a killed row keeps how far it got
+    assert [e["of"] for e in progress] == [4, 8, 12, 16, 20]
+    assert (progress[-1]["exact"], progress[-1]["prefix"], progress[-1]["france"]) == (20, 1.0, True)
+
+
+def test_an_unfaithful_candidate_is_not_timed_unless_asked(clock):
+    wrong = set(range(1, 20, 5))  # 4 of 20 wrong: prefix 0.80, but only known for sure late
+    done, _ = run(spec(cap_s=600), engine(clock, 0.1, wrong=wrong))
+    assert done["status"].startswith("not faithful: agreeing prefix at most 0.9") and done["runs"] == []
+    done, _ = run({**spec(cap_s=600), "speed_always": True, "chunk": 20}, engine(clock, 0.1, wrong=wrong))
+    assert done["status"] == "measured" and len(done["runs"]) == 2  # the bench's fidelity phase
+
+
+def test_a_slow_candidate_stops_on_its_projection_before_its_cap(clock):
+    # a round of 24 tokens: 12 s; 4 rounds left (48 s), then 1 and 4 prompts of 20 tokens (6.25 + 10 s)
+    fake = engine(clock, 0.5)
+    done, _ = run(spec(cap_s=60), fake)
+    assert done["status"] == "too slow: projected 76 s, over its cap of 60 s"
+    assert fake.calls == [4] and clock.now == pytest.approx(12)  # stopped at 12 s, not at 60
+    # the reference is not stopped on a projection: every other row needs it (the parent's kill stays)
+    done, _ = run({**spec(cap_s=60, reference=None), "project": False}, engine(clock, 0.5))
+    assert done["status"] == "measured"
+
+
+def test_the_speed_runs_stop_where_the_rest_would_pass_the_cap(clock):
+    # vLLM-like (one call): fidelity 2.4 s, then 1, 4 and 64 prompts projected 2, 2 and 6.4 s (12.8 s
+    # in all, within the cap); the 4-prompt call takes 12 s: 16.4 s gone, 6.4 s to come
+    fake = engine(clock, 0.1, batch=0, slower={4: 12.0})
+    done, _ = run(spec(cap_s=20, sizes=(1, 4, 64), chunk=20), fake)
+    assert done["status"] == "too slow: projected 23 s, over its cap of 20 s"
+    assert len(done["runs"]) == 2 and fake.calls == [20, 1, 4]
+
+
+def test_the_order_is_the_reference_then_what_can_win():
+    order = measure.candidates()
+    assert order[0] == ("static", "float32", True) and len(set(order)) == 12
+    labels = [f"{e} {d} {'eager' if eager else 'compiled'}" for e, d, eager in order]
+    assert labels.index("vllm float32 eager") < labels.index("vllm float32 compiled")
+    assert labels.index("vllm float32 compiled") < labels.index("vllm bfloat16 eager")  # bf16: never faithful yet
+    for engine_, dtype, eager in order:  # a compiled row comes after the eager row it depends on
+        if not eager:
+            assert order.index((engine_, dtype, True)) < order.index((engine_, dtype, False))
+
+
+def test_what_is_not_run_says_why():
+    ref = {"engine": "static", "dtype": "float32", "eager": True, "status": "measured", "prefix": 1.0, "france": True}
+    bf16 = {**ref, "dtype": "bfloat16", "status": "not faithful: France wrong after 4/20 prompts", "prefix": 0.6}
+    fp16 = {**ref, "dtype": "float16", "status": "timed out after 60 s (its cap: 60 s)"}
+    fp16.pop("prefix")
+    slow = {**ref, "engine": "vllm", "status": "too slow: projected 86 s, over its cap of 60 s", "of": 20}
+    rows = [{**ref, "of": 20}, bf16, fp16, slow]
+    # faithful answers, too slow to time within its cap: its compiled row may be faster, and is run
+    assert measure.skipped(("vllm", "float32", False), rows, 100) is None
+    assert measure.skipped(("static", "bfloat16", False), rows, 100) == "not run: bfloat16 eager was not faithful"
+    assert measure.skipped(("static", "float16", False), rows, 100) == (
+        "not run: float16 eager timed out after 60 s (its cap: 60 s)"
+    )
+    assert measure.skipped(("static", "float32", False), rows, 100) is None
+    assert measure.skipped(("static", "float32", False), rows, 9) == "timed out: budget spent before it started"
+    assert measure.skipped(("vllm", "float32", True), [{**ref, "status": "timed out"}], 100) == "not run: no reference"
+
+
+class FakeChildren:
+    """session.Children on a fake clock: each candidate costs its `cost` seconds, up to its cap."""
+
+    costs = {"vllm float32 eager": 40.0, "vllm float16 eager": 100.0}
+
+    def __init__(self, log, cache, clock):
+        self.clock, self.caps, self.closed = clock, {}, False
+
+    def measure(self, engine_, spec, cap_s, deadline):
+        settings = spec["settings"]
+        eager = settings["enforce_eager"] if engine_ == "vllm" else not settings["compile"]
+        label = choose.label({"engine": engine_, "dtype": settings["dtype"], "eager": eager})
+        cap_s = min(cap_s, deadline - self.clock.now)
+        self.caps[label] = cap_s
+        cost = self.costs.get(label, 10.0)
+        self.clock.now += min(cost, cap_s)
+        if cost > cap_s:
+            return {"status": f"timed out after {cap_s:.0f} s (its cap: {cap_s:.0f} s)"}
+        ok = {"exact": 20, "of": 20, "prefix": 1.0, "france": True, "france_text": "Paris"}
+        runs = [[1.0]] * len(spec["timed"])
+        start = 1.0 if eager else 30.0
+        return {"status": "measured", "start_s": start, **ok, "runs": runs, "completions": REFERENCE}
+
+    def spawn(self, engines):
+        self.engines = engines
+
+    def ready(self, engines, deadline):
+        assert engines == self.engines == ["static", "vllm"]
+
+    def close(self):
+        self.closed = True
+
+
+def test_each_candidate_has_its_cap_and_the_budget_decides_what_starts(model_path, tmp_path, monkeypatch):
+    clock, made = Clock(), []
+    monkeypatch.setattr(measure, "time", clock)
+    fake = lambda log, cache: made.append(FakeChildren(log, cache, clock)) or made[-1]  # noqa: E731
+    monkeypatch.setattr(measure.session, "Children", fake)
+    result = measure.measure(model_path, tmp_path / "log", budget_s=150, cache="")
+    children, rows = made[0], {choose.label(r): r for r in result["rows"]}
+    assert children.closed and result["cap_s"] == 60
+    assert children.caps["static float32 eager"] == 150  # the reference: the whole budget
+    assert children.caps["vllm float32 eager"] == 60  # every other: CAP_SHARE of it
+    # 10 + 40 + 10 s, then vLLM fp16 eager is killed at its 60 s cap: 30 s left for the rest
+    assert rows["vllm float16 eager"]["status"] == "timed out after 60 s (its cap: 60 s)"
+    assert children.caps["vllm float32 compiled"] == 20  # what the budget had left
+    assert children.caps["static bfloat16 eager"] == 10
+    assert rows["vllm bfloat16 eager"]["status"] == "timed out: budget spent before it started"
+    assert rows["static float16 compiled"]["status"] == "timed out: budget spent before it started"
+    assert rows["vllm float16 compiled"]["status"].startswith("not run: float16 eager timed out")
+    assert rows["vllm float32 eager"]["speed"] == {"1": 1.0, "4": 1.0, "64": 1.0}
+    assert choose.resolve(result, "vllm", "auto", None)[:2] == ("float32", True)  # as fast, and starts sooner
+
+
+class FakeChild:
+    """session.Child without a process: ready at once, every candidate done at once."""
+
+    made: list = []
+
+    def __init__(self, engine_, log, cache):
+        self.engine, self.ready, self.events, self.closed = engine_, False, [{"event": "ready"}], None
+        FakeChild.made.append(self)
+
+    def send(self, spec):
+        self.events.append({"event": "done", "status": "measured", "runs": [[1.0]]})
+
+    def event(self, deadline):
+        return self.events.pop(0) if self.events else None
+
+    def close(self, kill=False):
+        self.closed = "killed" if kill else "closed"
+
+
+def test_one_process_per_engine_serves_all_its_candidates(monkeypatch):
+    FakeChild.made = []
+    monkeypatch.setattr(session, "Child", FakeChild)
+    children = session.Children(log=None, cache="")
+    children.spawn(["static", "vllm"])
+    children.ready(["static", "vllm"], deadline=float("inf"))
+    for engine_ in ("static", "vllm", "static", "vllm"):
+        assert children.measure(engine_, {}, cap_s=60, deadline=float("inf"))["status"] == "measured"
+    assert [child.engine for child in FakeChild.made] == ["static", "vllm"]  # never a second one
+    children.close()
+    assert [child.closed for child in FakeChild.made] == ["closed", "closed"]
