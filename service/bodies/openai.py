@@ -50,9 +50,15 @@ class Completion(OpenAIBody):
 
 
 class Part(Strict):
+    """A content part: text is all this model reads."""
+
     model_config = OPEN
-    type: str
-    text: str | None = None
+    type: Literal["text"]
+    text: str
+
+
+class InputPart(Part):
+    type: Literal["input_text", "output_text"]
 
 
 class FunctionCall(Strict):
@@ -134,7 +140,7 @@ class InputItem(Strict):
     model_config = OPEN
     type: Literal["message", "function_call", "function_call_output"] | None = None
     role: str | None = None
-    content: str | list[Part] | None = None
+    content: str | list[InputPart] | None = None
     call_id: str | None = None
     name: str | None = None
     arguments: str | None = None
