@@ -18,6 +18,7 @@ OPEN = ConfigDict(extra="allow")
 MaxTokens = Annotated[Int, Field(ge=1), AtMost("max_new_tokens_limit")]
 TooMany = AtMost("max_prompts_per_request", too_many=True)
 LOGPROBS = ("logprobs", "top_logprobs")
+FunctionName = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]  # OpenAI's rule
 
 
 class StreamOptions(Strict):
@@ -83,7 +84,7 @@ class Message(Strict):
 
 class Function(Strict):
     model_config = ConfigDict(extra="forbid")
-    name: Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+    name: FunctionName
     description: str | None = None
     parameters: dict[str, Any] | None = Field(None, description="a JSON schema of type object")
     strict: Flag | None = None
@@ -150,7 +151,7 @@ class InputItem(Strict):
 class ResponsesTool(Strict):
     model_config = OPEN
     type: Literal["function"]
-    name: Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+    name: FunctionName
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: Flag | None = None
