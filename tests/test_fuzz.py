@@ -50,7 +50,8 @@ ORDINARY = [  # (path, body, the completion in its reply)
 ]
 
 
-# What the fuzzer's kind of request found (a 500 each, before the fix named): kept as requests
+# Found by probing the edges the document allows (a 500 each before the fix named; the generated
+# requests (the test below) found none in 195 here, nor in 723 of a longer unseeded run): kept as requests
 FOUND = [
     # the static round's top-k indexed past the vocabulary (clamped to it, as on vLLM)
     {"top_k": 2**62, "temperature": 1},
