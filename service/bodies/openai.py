@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, create_model
+from pydantic import ConfigDict, Field, create_model, field_validator
+from pydantic_core import PydanticCustomError
 
 from service.bodies.demo import Prompt
 from service.bodies.limits import AtMost
@@ -18,6 +19,7 @@ OPEN = ConfigDict(extra="allow")
 MaxTokens = Annotated[Int, Field(ge=1), AtMost("max_new_tokens_limit")]
 TooMany = AtMost("max_prompts_per_request", too_many=True)
 LOGPROBS = ("logprobs", "top_logprobs")
+PROMPT_RULE = "a string, a list of strings, a list of token ids, or a list of lists of token ids"
 FunctionName = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]  # OpenAI's rule
 
 
@@ -48,6 +50,22 @@ class Completion(OpenAIBody):
     max_tokens: Annotated[Int, Field(ge=0), AtMost("max_new_tokens_limit")] | None = Field(
         None, description="0 only with echo (the prompt alone)"
     )
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _shape(cls, value):
+        """What is wrong, in the prompt's own terms, where a value is none of its shapes (the
+        union's own errors name every member); the union then checks what passes."""
+        if isinstance(value, str) or (isinstance(value, list) and value and all(isinstance(p, str) for p in value)):
+            return value
+        if not isinstance(value, list) or not value:
+            raise PydanticCustomError("prompt", f"must be {PROMPT_RULE} (and not empty)")
+        for i, ids in enumerate(value if all(isinstance(p, list) for p in value) else [value]):
+            if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+                raise PydanticCustomError("prompt", f"must be {PROMPT_RULE}; token ids are integers >= 0")
+            if not ids:
+                raise PydanticCustomError("prompt", f"prompt {i} is an empty list of token ids")
+        return value
 
 
 class Part(Strict):
