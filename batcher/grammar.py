@@ -94,8 +94,22 @@ def compile(spec: StructuredSpec, model_path: str) -> StructuredSpec:
             compiled = xgr_compiler.compile_structural_tag(spec.value)
     except (RuntimeError, ValueError, TypeError) as exc:  # xgrammar's parsers raise RuntimeError
         raise GrammarError(_first_line(exc)) from exc
+    if not _allows_a_token(compiled):
+        raise GrammarError("it allows no text at all: no token can start it")
     elapsed = (time.perf_counter() - started) * 1000
     return StructuredSpec(spec.kind, spec.value, compiled=compiled, compile_ms=elapsed)
+
+
+def _allows_a_token(compiled) -> bool:
+    """Whether a fresh matcher takes some first token (EOS counts, where the grammar may end at
+    once). One that takes none, such as the JSON schema `{"$ref": "#"}` (it only refers to
+    itself), would leave its row nothing to sample: the static round's sampler fails on it and
+    vLLM ends the request with finish_reason "error". Refused at compile time instead: a 400."""
+    import xgrammar as xgr
+
+    bitmask = xgr.allocate_token_bitmask(1, compiled.tokenizer_info.vocab_size)
+    xgr.GrammarMatcher(compiled).fill_next_token_bitmask(bitmask)
+    return bool((bitmask != 0).any())
 
 
 def _first_line(exc: BaseException) -> str:

@@ -12,7 +12,7 @@ from batcher.checkpoint import resolve_model
 from batcher.compile_cache import use_compile_cache
 from batcher.metrics import Metrics
 from batcher.vllm.worker import VLLMWorker
-from service import admission, demo, errors, openai_api, ops, page, request_id, tokenization
+from service import admission, demo, errors, openai_api, openapi, ops, page, request_id, tokenization
 from service.config import Config
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
     app.extensions["tokenizer"] = functools.cache(lambda: AutoTokenizer.from_pretrained(path))
     app.config["STARTED_AT"] = int(time.time())
 
-    for blueprint in (ops.bp, page.bp):
+    for blueprint in (ops.bp, page.bp, openapi.bp):
         app.register_blueprint(blueprint)
     demo.register(app)
     openai_api.register(app)

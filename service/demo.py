@@ -9,6 +9,7 @@ from flask import Blueprint, Flask
 from flask.blueprints import BlueprintSetupState
 
 from service import auth, demo_replies, generation, schema, sse
+from service.bodies.demo import Single
 
 ROUTES = {  # engine -> {view: its URL}
     "static": {"generate": "/generate", "basic_generate": "/basic_generate", "generate_stream": "/generate_stream"},
@@ -32,13 +33,13 @@ def generate(engine: str):
 def basic_generate(engine: str):
     """One prompt, run as a round of its own on the same model thread: the unbatched baseline.
     It waits its turn like any prompt, but never shares its round, whatever else is waiting."""
-    req = schema.from_request(single=True)
+    req = schema.from_request(Single)
     seqs = generation.complete(generation.engine(engine), req.prompts, req.params, solo=True)
     return demo_replies.reply(seqs, req, single=True)
 
 
 def generate_stream(engine: str):
-    req = schema.from_request(single=True)
+    req = schema.from_request(Single)
     pieces = generation.Pieces(generation.engine(engine), req.prompts[:1], req.params, until_entered=req.details)
     return sse.response(demo_replies.events(pieces, details=req.details, logprobs=req.params.logprobs is not None))
 

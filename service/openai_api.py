@@ -2,8 +2,9 @@
 continuous batching, `/static/v1/...` by the static batcher. So the `openai` SDK, and any
 benchmark client that speaks the OpenAI API, compares the two engines by its base URL alone.
 
-Only the routes live here, and the shapes in openai_replies.py: requests are parsed by `schema`
-and `params`, run by `generation.complete()` or `generation.Pieces`, as the demo routes run them.
+Only the routes live here, and the shapes in openai_replies.py: bodies are checked by their
+models (service/bodies/openai.py) and read by `params`, run by `generation.complete()` or
+`generation.Pieces`, as the demo routes run them.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from batcher.sequence import Prompt
 from service import (
     auth,
     batching,
+    bodies,
     chat,
     context,
     echo,
@@ -35,6 +37,7 @@ from service import (
     structured,
     tools,
 )
+from service.bodies.openai import Chat, Completion, Responses
 from service.echo import Echo
 from service.errors import InvalidRequest, ModelNotFound
 from service.openai_replies import ChatShape, TextShape, usage
@@ -87,17 +90,13 @@ def check_model(body: dict) -> str:
 
 
 def _stream_options(body: dict) -> tuple[bool, bool, bool]:
-    """(stream, include_usage, continuous_usage_stats)"""
-    stream = schema.flag(body, "stream")
-    options = body.get("stream_options")
+    """(stream, include_usage, continuous_usage_stats); their types are the route model's."""
+    stream, options = bool(body.get("stream")), body.get("stream_options")
     if options is None:
         return stream, False, False
     if not stream:
         raise InvalidRequest("'stream_options' is only allowed with 'stream': true", param="stream_options")
-    if not isinstance(options, dict):
-        raise InvalidRequest("'stream_options' must be an object", param="stream_options")
-    include_usage = schema.flag(options, "include_usage")
-    continuous = schema.flag(options, "continuous_usage_stats")
+    include_usage, continuous = bool(options.get("include_usage")), bool(options.get("continuous_usage_stats"))
     if continuous and not include_usage:  # vLLM would send no usage at all: say so instead
         message = "'stream_options.continuous_usage_stats' needs 'stream_options.include_usage': true"
         raise InvalidRequest(message, param="stream_options")
@@ -119,7 +118,7 @@ def _respond(
     `echoed`: what the request's `echo` puts before each choice, from the prompts as they run;
     `heads`: what service/context.py must keep whole at the start of each prompt (chat)."""
     stream, include_usage, continuous = _stream_options(body)
-    if stream and schema.flag(body, "details"):  # the batching object rides on whole replies only
+    if stream and body.get("details"):  # the batching object rides on whole replies only
         raise InvalidRequest("'details' is not supported with 'stream': true", param="details")
     config = _config()
     params = parse_sampling(body, config, default_temperature=1.0, max_tokens_key=max_tokens_key)  # OpenAI's
@@ -145,21 +144,28 @@ def _respond(
             text, records = echoed.text(i // n, text), echoed.logprobs(seq, records)
         choices.append(shape.choice(i, seq, text, records if want else None))
     reply = {**head, "object": shape.object, "choices": choices, "usage": usage(seqs, n), **shape.extras(seqs)}
-    if schema.flag(body, "details"):  # our extension: what batching cost each choice (service/batching.py)
+    if body.get("details"):  # our extension: what batching cost each choice (service/batching.py)
         reply["batching"] = [batching.cost(seq) for seq in seqs]
     return jsonify(reply)
 
 
+def _body(model, route: str) -> dict:
+    """The request's JSON body, every field checked: the refused ones by openai_fields' table,
+    the honoured ones by `model` (service/bodies/openai.py)."""
+    body = schema.json_body(request)
+    openai_fields.check(body, route)
+    bodies.validate(model, body, _config())
+    return body
+
+
 @bp.post("/completions")
 def completions(engine: str):
-    body = schema.json_body(request)
-    openai_fields.check(body, "completions")
+    body = _body(Completion, "completions")
     model = check_model(body)
-    config = _config()
-    prompts = schema.completion_prompts(body.get("prompt"), config)
+    prompts = schema.completion_prompts(body["prompt"])
     echoed = None
-    if schema.flag(body, "echo"):
-        only = body.get("max_tokens") == 0 and not isinstance(body.get("max_tokens"), bool)
+    if body.get("echo"):
+        only = body.get("max_tokens") == 0
         if only:  # vLLM: the engine makes one token, and the reply holds the prompt alone
             body = {**body, "max_tokens": 1}
         tokenizer = current_app.extensions["tokenizer"]()
@@ -178,8 +184,7 @@ def chat_prompt(body: dict) -> tuple[str, dict, tools.Tools | None]:
 
 @bp.post("/chat/completions")
 def chat_completions(engine: str):
-    body = schema.json_body(request)
-    openai_fields.check(body, "chat")
+    body = _body(Chat, "chat")
     model = check_model(body)
     messages = chat.messages(body.get("messages"))
     prompt, body, tool_set = chat_prompt(body)
@@ -187,7 +192,7 @@ def chat_completions(engine: str):
     max_tokens_key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     top_logprobs = body.get("top_logprobs")
     body = chat_logprobs(body)  # logprobs: true + top_logprobs: k, as the one field the engines read
-    echoed = (lambda _: echo.for_chat(messages, top_logprobs)) if schema.flag(body, "echo") else None
+    echoed = (lambda _: echo.for_chat(messages, top_logprobs)) if body.get("echo") else None
     shape = ToolChatShape(tool_set) if tool_set is not None and tool_set.constrained else ChatShape
     heads = [chat.head(messages, tool_set)]
     return _respond(shape, engine, model, [prompt], body, max_tokens_key, echoed=echoed, heads=heads)
@@ -199,6 +204,7 @@ def create_response(engine: str):
     rule and the same generation core (service/responses.py)."""
     body = schema.json_body(request)
     asked = responses.check(body)
+    bodies.validate(Responses, body, _config())
     model = check_model(body)
     prompt, chat_body, tool_set = chat_prompt(responses.as_chat(body))
     params = parse_sampling(chat_body, _config(), default_temperature=1.0)
@@ -206,7 +212,7 @@ def create_response(engine: str):
     prompts = context.fit([prompt], chat_body, params.max_tokens, "input", heads)
     eng = generation.engine(engine)
     head = responses.head(model, asked)
-    if schema.flag(body, "stream"):
+    if body.get("stream"):
         return sse.response(responses_stream.events(generation.Pieces(eng, prompts, params), head, tool_set))
     [seq] = generation.complete(eng, prompts, params)
     return jsonify(responses.whole(head, seq, tool_set))

@@ -3,7 +3,7 @@
 
 Every field of OpenAI's and vLLM 0.32's request schemas (vllm/entrypoints/openai/completion/
 protocol.py, chat_completion/protocol.py) is in the table, with one of three rules:
-- HONOURED: parsed by `schema` / `params` / `structured` and applied on both engines;
+- HONOURED: declared by the route's model (service/bodies/openai.py), applied on both engines;
 - IGNORED: accepted and ignored, because it does not change the output (`user`, `metadata`, ...);
 - `refused(*allowed)`: a 400 `invalid_request_error` naming the field in `param`, unless its
   value is one of `allowed` (null, or the value that means what the service does anyway:
@@ -20,6 +20,10 @@ import json
 import logging
 from dataclasses import dataclass
 
+from pydantic import BaseModel
+
+from service.bodies import names
+from service.bodies.openai import Chat, Completion, Detokenize, StreamOptions, TokenizeChat, TokenizeText
 from service.errors import InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -54,15 +58,16 @@ NOT_YET = "not implemented yet"
 NO_REASONING = "the served model does not reason"
 GUIDED = "vLLM removed it; use 'structured_outputs' or 'response_format'"
 
-# fields both routes read
+
+def honoured(*models: type[BaseModel], prefix: str = "") -> dict[str, Rule]:
+    """Every field the models declare (service/bodies/openai.py): what the routes implement."""
+    return {f"{prefix}{name}": HONOURED for model in models for name in names(model)}
+
+
+STREAM_OPTIONS = honoured(StreamOptions, prefix="stream_options.")
+
+# what neither route implements, or what changes nothing, on both; each route's models say the rest
 SHARED: dict[str, Rule] = {
-    **dict.fromkeys(
-        """model frequency_penalty presence_penalty logit_bias logprobs max_tokens n seed stop stream
-        stream_options stream_options.include_usage stream_options.continuous_usage_stats temperature
-        top_p top_k min_p repetition_penalty stop_token_ids ignore_eos min_tokens response_format
-        structured_outputs max_queue_ms details""".split(),
-        HONOURED,
-    ),
     # they change no token of the output: who asked, caching and routing hints, how chunks are cut,
     # what only vLLM's render endpoints or reasoning parsers return
     **dict.fromkeys(
@@ -79,11 +84,9 @@ SHARED: dict[str, Rule] = {
     "include_stop_str_in_output": refused(False, why="the stop string is always cut off"),
     "skip_special_tokens": refused(True, why="special tokens are always skipped"),
     "spaces_between_special_tokens": refused(True, why=NOT_YET),
-    "truncate_prompt_tokens": HONOURED,  # service/context.py
     "truncation_side": refused("left", why="a cut keeps the prompt's last tokens"),
     "allowed_token_ids": refused(why=NOT_YET),
     "bad_words": refused([], why=NOT_YET),
-    "prompt_logprobs": HONOURED,
     "logprob_token_ids": refused(why=NOT_YET),
     "prompt_embeds": refused(why="prompts are text"),
     "add_special_tokens": refused(why="prompts are tokenized with the tokenizer's defaults"),
@@ -119,19 +122,16 @@ SHARED: dict[str, Rule] = {
 
 COMPLETIONS: dict[str, Rule] = {
     **SHARED,
-    "prompt": HONOURED,  # a string, strings, token ids or lists of them
-    "echo": HONOURED,
+    **honoured(Completion),
+    **STREAM_OPTIONS,
     "max_completion_tokens": refused(why="a chat field: /completions takes 'max_tokens'"),
     "messages": refused(why="a chat field: /completions takes 'prompt'"),
 }
 
 CHAT: dict[str, Rule] = {
     **SHARED,
-    "messages": HONOURED,
-    "max_completion_tokens": HONOURED,  # wins over max_tokens, as on vLLM
-    "top_logprobs": HONOURED,
-    "echo": HONOURED,  # vLLM's: the reply starts with the last (assistant) message's text
-    **dict.fromkeys("tools tool_choice parallel_tool_calls".split(), HONOURED),  # service/tools.py
+    **honoured(Chat),  # echo: vLLM's, the reply starts with the last (assistant) message's text
+    **STREAM_OPTIONS,
     "add_generation_prompt": refused(True, why="the generation prompt is always added"),
     "continue_final_message": refused(False, why=NOT_YET),
     "documents": refused(why="the chat template is rendered with the messages alone"),
@@ -144,16 +144,16 @@ CHAT: dict[str, Rule] = {
 }
 
 # vLLM's /tokenize (its TokenizeCompletionRequest | TokenizeChatRequest) and /detokenize
-TOKENIZE: dict[str, Rule] = dict.fromkeys("model prompt add_special_tokens return_token_strs".split(), HONOURED)
+TOKENIZE: dict[str, Rule] = honoured(TokenizeText)
 
 TOKENIZE_CHAT: dict[str, Rule] = {
-    **dict.fromkeys("model messages add_generation_prompt add_special_tokens return_token_strs".split(), HONOURED),
+    **honoured(TokenizeChat),
     **{name: CHAT[name] for name in "continue_final_message chat_template chat_template_kwargs".split()},
     **{name: CHAT[name] for name in "media_io_kwargs mm_processor_kwargs".split()},
     "tools": refused(why="/tokenize renders the messages alone"),
 }
 
-DETOKENIZE: dict[str, Rule] = dict.fromkeys("model tokens".split(), HONOURED)
+DETOKENIZE: dict[str, Rule] = honoured(Detokenize)
 
 ROUTES = {
     "completions": COMPLETIONS,

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, current_app, render_template, request
+from flask import Blueprint, current_app, render_template
 
 from batcher.sampling import SamplingParams
 from service import auth, schema, sse
-from service.errors import InvalidRequest
+from service.bodies import demo as bodies
 from service.race import MODES, Race
 
 bp = Blueprint("page", __name__)
@@ -33,17 +33,10 @@ def race():
     """Body: {"engine": "static"|"vllm", "mode": "concurrent"|"batch", "prompts": [...],
     "max_tokens"?, "ignore_eos"?}. Server-sent events, one per event of each prompt's reply."""
     auth.require_api_key()  # once for the race: the page itself stays open, its feed does not
-    req = schema.from_request(extra=frozenset({"engine", "mode"}))  # the generate routes' own checks
-    body = request.get_json(force=True)  # parsed above already (cached); any Content-Type, as there
-    engines = current_app.extensions["engines"]
-    engine, mode = body.get("engine"), body.get("mode", "concurrent")
-    if not isinstance(engine, str) or engine not in engines:
-        raise InvalidRequest(f"'engine' must be one of {sorted(engines)}, got {engine!r}")
-    if not isinstance(mode, str) or mode not in MODES:
-        raise InvalidRequest(f"'mode' must be one of {list(MODES)}, got {mode!r}")
-    eng = engines[engine]
+    req = schema.from_request(bodies.Race)  # the generate routes' own checks, and the engine and mode
+    eng = current_app.extensions["engines"][req.body.engine]
     eng.check_available()  # 503 now, before the feed: loading, failed, disabled, draining
     # the page's two knobs; every other field at its neutral default, greedy
     params = SamplingParams(max_tokens=req.params.max_tokens, ignore_eos=req.params.ignore_eos)
-    feed = Race(eng, mode, req.prompts, params, current_app.config["SERVICE"].request_timeout_s)
+    feed = Race(eng, req.body.mode or MODES[0], req.prompts, params, current_app.config["SERVICE"].request_timeout_s)
     return sse.response(iter(feed))

@@ -17,12 +17,12 @@ import uuid
 
 from batcher.sequence import Sequence
 from service import tool_replies
+from service.bodies import names
+from service.bodies.openai import Responses
 from service.errors import InvalidRequest
 from service.tools import Tools
 
-FIELDS = (
-    "model input instructions max_output_tokens temperature top_p text tools tool_choice parallel_tool_calls stream"
-).split()
+FIELDS = names(Responses)  # service/bodies/openai.py checks their types
 IGNORED = "metadata user safety_identifier prompt_cache_key service_tier stream_options".split()
 # refused unless their value is the one that means what we do anyway
 ONLY = {"store": False, "truncation": "disabled", "background": False, "include": []}
@@ -113,8 +113,6 @@ def as_chat(body: dict) -> dict:
     """The chat body the request means."""
     messages = _messages(body.get("input"))
     if body.get("instructions") is not None:
-        if not isinstance(body["instructions"], str):
-            raise InvalidRequest("'instructions' must be a string", param="instructions")
         messages.insert(0, {"role": "system", "content": body["instructions"]})
     chat = {key: body.get(key) for key in ("temperature", "top_p", "parallel_tool_calls")}
     chat["max_tokens"] = body.get("max_output_tokens")

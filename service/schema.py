@@ -1,8 +1,9 @@
-"""The request body of every generate endpoint, parsed and validated in one place."""
+"""A request body read once: JSON, nested at most MAX_JSON_DEPTH deep, every string encodable
+text (`json_body`, every route that takes a body); the demo routes' bodies as their models
+(service/bodies/demo.py) and the engines' prompts (`parse`)."""
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 
 from flask import Request, current_app, request
@@ -10,10 +11,11 @@ from werkzeug.exceptions import BadRequest
 
 from batcher.sampling import SamplingParams
 from batcher.sequence import Prompt
-from service import context
+from service import bodies, context
+from service.bodies import demo
 from service.config import Config
-from service.errors import InvalidJson, InvalidRequest, InvalidText, TooManyPrompts, UnknownField
-from service.params import parse_n, parse_sampling
+from service.errors import InvalidJson, InvalidRequest, InvalidText
+from service.params import parse_sampling
 
 # What parses below Python's recursion limit can still be too deep for what reads it later (a
 # schema's validator, the grammar compiler, recursive code): a body nests at most this much,
@@ -23,11 +25,7 @@ MAX_JSON_DEPTH = 100
 
 # Every field the demo routes read, besides their prompt(s): our own API, so a name outside it is
 # a typo (400, with the nearest known name), where the OpenAI routes follow vLLM and ignore it.
-DEMO_FIELDS = frozenset(
-    """details n max_tokens temperature top_p top_k min_p stop stop_token_ids min_tokens seed logprobs
-    presence_penalty frequency_penalty repetition_penalty logit_bias ignore_eos response_format
-    structured_outputs max_queue_ms truncate_prompt_tokens""".split()
-)
+DEMO_FIELDS = frozenset(bodies.names(demo.Generate)) - {"prompts"}
 
 
 @dataclass(frozen=True)
@@ -36,15 +34,7 @@ class GenerateRequest:
     params: SamplingParams
     details: bool = False
     n: int = 1  # completions per prompt, each its own sequence
-
-
-def flag(body: dict, key: str) -> bool:
-    value = body.get(key, False)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise InvalidRequest(f"'{key}' must be true or false", param=key)
-    return value
+    body: demo.Generate | demo.Single | None = None  # the body as its model read it
 
 
 def json_body(request: Request) -> dict:
@@ -100,87 +90,28 @@ def _check_text(text: str, where: str, *, name: bool = False) -> None:
         ) from None
 
 
-def _check_count(prompts: list, config: Config, key: str) -> None:
-    if len(prompts) > config.max_prompts_per_request:
-        raise TooManyPrompts(f"{len(prompts)} prompts; at most {config.max_prompts_per_request} per request", param=key)
+def completion_prompts(prompt) -> list[Prompt]:
+    """/completions' `prompt` (service/bodies/openai.py's `Completion` checked its shape: a
+    string, strings, token ids or lists of them) as a list of prompts; token ids become tuples,
+    whether they are in the vocabulary only the engine knows (EngineThread._check_token_ids)."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if all(isinstance(p, str) for p in prompt):
+        return list(prompt)
+    return [tuple(ids) for ids in ([prompt] if all(isinstance(t, int) for t in prompt) else prompt)]
 
 
-def check_prompts(prompts: list, config: Config, key: str) -> list[str]:
-    """Every prompt a non-empty string, at most MAX_PROMPTS_PER_REQUEST of them."""
-    _check_count(prompts, config, key)
-    for i, prompt in enumerate(prompts):
-        where = f"'{key}[{i}]'" if len(prompts) > 1 or key == "prompts" else f"'{key}'"
-        if not isinstance(prompt, str):
-            raise InvalidRequest(f"{where} must be a string, got {type(prompt).__name__}", param=key)
-        if not prompt.strip():
-            raise InvalidRequest(f"{where} is empty", param=key)
-    return prompts
-
-
-def is_token_ids(value) -> bool:
-    """A list of token ids (integers >= 0; JSON true is not the id 1); the vocabulary is the engine's."""
-    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)
-
-
-def completion_prompts(value, config: Config) -> list[Prompt]:
-    """/completions' `prompt`, in any of the shapes OpenAI and vLLM take: a string, a list of
-    strings, a list of token ids, or a list of such lists. Token ids become tuples; whether they
-    are in the vocabulary only the engine knows (EngineThread._check_token_ids)."""
-    rule = "a string, a list of strings, a list of token ids, or a list of lists of token ids"
-    if isinstance(value, str):
-        return check_prompts([value], config, "prompt")
-    if not isinstance(value, list) or not value:
-        raise InvalidRequest(f"'prompt' must be {rule} (and not empty)", param="prompt")
-    if all(isinstance(p, str) for p in value):
-        return check_prompts(value, config, "prompt")
-    prompts = [value] if is_token_ids(value) else value
-    if not all(is_token_ids(p) for p in prompts):
-        raise InvalidRequest(f"'prompt' must be {rule}; token ids are integers >= 0", param="prompt")
-    _check_count(prompts, config, "prompt")
-    for i, ids in enumerate(prompts):
-        if not ids:
-            raise InvalidRequest(f"'prompt[{i}]' is an empty list of token ids", param="prompt")
-    return [tuple(ids) for ids in prompts]
-
-
-def check_known(body: dict, known: frozenset[str]) -> None:
-    """A 400 naming every field of `body` outside `known`, each with its nearest known name."""
-    unknown = [name for name in body if name not in known]
-    if not unknown:
-        return
-    described = []
-    for name in unknown:
-        near = difflib.get_close_matches(name, sorted(known), n=1)
-        described.append(f"'{name}'" + (f" (did you mean '{near[0]}'?)" if near else ""))
-    raise UnknownField(
-        f"unknown field{'s' if len(unknown) > 1 else ''} {', '.join(described)}; "
-        f"this route takes {', '.join(sorted(known))}",
-        param=unknown[0],
-    )
-
-
-def parse(
-    request: Request, config: Config, *, single: bool = False, extra: frozenset[str] = frozenset()
-) -> GenerateRequest:
-    """`single`: the body has one "prompt" string instead of a "prompts" list; `extra`: the
-    route's own fields besides the demo routes' (the race page's)."""
+def parse(request: Request, config: Config, model: type[demo.Generate | demo.Single]) -> GenerateRequest:
+    """The body as `model` (service/bodies/demo.py): unknown fields, types and ranges checked there."""
     body = json_body(request)
-    key = "prompt" if single else "prompts"
-    check_known(body, DEMO_FIELDS | extra | {key})
-    if key not in body:
-        raise InvalidRequest(f"'{key}' is required", param=key)
-    prompts = [body[key]] if single else body[key]
-    if not isinstance(prompts, list):
-        raise InvalidRequest("'prompts' must be a list of strings", param=key)
-    check_prompts(prompts, config, key)
+    fields = bodies.validate(model, body, config)
+    key = "prompt" if isinstance(fields, demo.Single) else "prompts"
+    prompts = [fields.prompt] if key == "prompt" else fields.prompts
     params = parse_sampling(body, config, default_temperature=0.0)
-    n = parse_n(body, config)
-    if single and n != 1:  # one prompt, one text (or one stream of events): no room for more
-        raise InvalidRequest(f"'n' must be 1 on this route, got {n}; use /generate or /generate_vllm", param="n")
     prompts = context.fit(prompts, body, params.max_tokens, key)
-    return GenerateRequest(prompts=prompts, params=params, details=flag(body, "details"), n=n)
+    return GenerateRequest(prompts=prompts, params=params, details=bool(fields.details), n=fields.n or 1, body=fields)
 
 
-def from_request(*, single: bool = False, extra: frozenset[str] = frozenset()) -> GenerateRequest:
+def from_request(model: type[demo.Generate | demo.Single] = demo.Generate) -> GenerateRequest:
     """Parse the current Flask request with the app's settings."""
-    return parse(request, current_app.config["SERVICE"], single=single, extra=extra)
+    return parse(request, current_app.config["SERVICE"], model)

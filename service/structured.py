@@ -57,40 +57,28 @@ def parse_structured(body: dict, config: Config) -> StructuredSpec | None:
         raise InvalidRequest(f"'{field}': the {spec.kind} does not compile: {exc}", param=field) from exc
 
 
-def _response_format(fmt) -> StructuredSpec | None:
-    def bad(why: str) -> InvalidRequest:
-        return InvalidRequest(f"'response_format' {why}", param="response_format")
-
-    if not isinstance(fmt, dict) or fmt.get("type") not in RESPONSE_FORMATS:
-        raise bad(f"must be an object with a 'type' among {', '.join(RESPONSE_FORMATS)}")
-    extra = set(fmt) - {"type", "json_schema"}
-    if extra:
-        raise bad(f"has unknown fields: {', '.join(sorted(extra))}")
+def _response_format(fmt: dict) -> StructuredSpec | None:
+    """Its shape checked by service/bodies/sampling.py's ResponseFormat."""
     if fmt["type"] == "text":
         return None
     if fmt["type"] == "json_object":
         return StructuredSpec("json_object")
-    described = fmt.get("json_schema")
-    if not isinstance(described, dict) or described.get("schema") is None:
-        raise bad("of type 'json_schema' needs 'json_schema': {'name', 'schema', 'strict'?}")
-    if not isinstance(described.get("name", ""), str) or not isinstance(described.get("strict", False), bool):
-        raise bad("'json_schema.name' must be a string and 'json_schema.strict' true or false")
-    return StructuredSpec("json", schema_text(described["schema"], "response_format"))
+    if fmt.get("json_schema") is None:
+        rule = "needs 'json_schema': {'name', 'schema', 'strict'?}"
+        raise InvalidRequest(f"'response_format' of type 'json_schema' {rule}", param="response_format")
+    return StructuredSpec("json", schema_text(fmt["json_schema"]["schema"], "response_format"))
 
 
-def _structured_outputs(outputs) -> StructuredSpec:
+def _structured_outputs(outputs: dict) -> StructuredSpec:
+    """Its fields' types checked by service/bodies/sampling.py's StructuredOutputs."""
+
     def bad(why: str) -> InvalidRequest:
         return InvalidRequest(f"'structured_outputs' {why}", param="structured_outputs")
 
-    if not isinstance(outputs, dict):
-        raise bad("must be an object")
-    unknown = set(outputs) - set(grammar.KINDS) - {"disable_any_whitespace", *UNSUPPORTED_OPTIONS}
-    if unknown:
-        raise bad(f"has unknown fields: {', '.join(sorted(unknown))}")
     for option in UNSUPPORTED_OPTIONS:
         if outputs.get(option) is not None:
             raise bad(f"'{option}' is not supported (vLLM's xgrammar backend ignores it too)")
-    if outputs.get("disable_any_whitespace") not in (None, True):
+    if outputs.get("disable_any_whitespace") is False:
         raise bad("'disable_any_whitespace' can only be true: JSON output is always compact on both engines")
     kinds = [kind for kind in grammar.KINDS if outputs.get(kind) is not None]
     if len(kinds) != 1:
@@ -104,16 +92,10 @@ def _structured_outputs(outputs) -> StructuredSpec:
             raise bad("'json_object' must be true")
         return StructuredSpec("json_object")
     if kind == "choice":
-        if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
-            raise bad("'choice' must be a non-empty list of non-empty strings")
         return StructuredSpec("choice", tuple(dict.fromkeys(value)))
     if kind == "structural_tag":
-        if isinstance(value, dict):
-            value = json.dumps(value)
-        if not isinstance(value, str):
-            raise bad("'structural_tag' must be an object or its JSON text")
-        return StructuredSpec("structural_tag", value)
-    if not isinstance(value, str) or not value.strip():  # regex, grammar
+        return StructuredSpec("structural_tag", json.dumps(value) if isinstance(value, dict) else value)
+    if not value.strip():  # regex, grammar
         raise bad(f"'{kind}' must be a non-empty string")
     return StructuredSpec(kind, value)
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from flask import Blueprint, Flask, current_app, jsonify, request
 
-from service import auth, chat, errors, generation, openai_api, openai_fields, schema
-from service.errors import InvalidRequest
+from service import auth, bodies, chat, errors, generation, openai_api, openai_fields, schema
+from service.bodies.openai import Detokenize, TokenizeChat, TokenizeText
 
 bp = auth.protect(Blueprint("tokenize", __name__))
 errors.register_openai(bp)
@@ -42,22 +42,19 @@ def tokenize(engine: str):
     body = schema.json_body(request)
     is_chat = "messages" in body  # vLLM's union: a body with `messages` is a chat request
     openai_fields.check(body, "tokenize_chat" if is_chat else "tokenize")
+    fields = bodies.validate(TokenizeChat if is_chat else TokenizeText, body, current_app.config["SERVICE"])
     openai_api.check_model(body)
     if is_chat:
-        generation_prompt = _flag(body, "add_generation_prompt", default=True)
-        messages = chat.messages(body["messages"])
-        text = chat.render(messages, add_generation_prompt=generation_prompt)
-        add_special_tokens = _flag(body, "add_special_tokens", default=False)  # the template has them
+        generation_prompt = _or(fields.add_generation_prompt, True)
+        text = chat.render(chat.messages(body["messages"]), add_generation_prompt=generation_prompt)
+        add_special_tokens = _or(fields.add_special_tokens, False)  # the template has them
     else:
-        text = body.get("prompt")
-        if not isinstance(text, str) or not text:
-            raise InvalidRequest("'prompt' must be a non-empty string (or send 'messages')", param="prompt")
-        add_special_tokens = _flag(body, "add_special_tokens", default=True)
+        text, add_special_tokens = fields.prompt, _or(fields.add_special_tokens, True)
     tokenizer = _tokenizer()
     ids = tokenizer(text, add_special_tokens=add_special_tokens).input_ids
     config = current_app.config["SERVICE"]
     reply = {"count": len(ids), "max_model_len": config.max_model_len, "tokens": ids, "token_strs": None}
-    if _flag(body, "return_token_strs", default=False):
+    if fields.return_token_strs:
         reply["token_strs"] = tokenizer.convert_ids_to_tokens(ids)
     return jsonify(reply)
 
@@ -66,14 +63,11 @@ def tokenize(engine: str):
 def detokenize(engine: str):
     body = schema.json_body(request)
     openai_fields.check(body, "detokenize")
+    ids = bodies.validate(Detokenize, body, current_app.config["SERVICE"]).tokens
     openai_api.check_model(body)
-    ids = body.get("tokens")
-    if not schema.is_token_ids(ids) or not ids:
-        raise InvalidRequest("'tokens' must be a non-empty list of token ids (integers >= 0)", param="tokens")
     generation.engine(engine).check_token_ids(ids, "tokens")  # what a token-id prompt may name
     return jsonify({"prompt": _tokenizer().decode(ids)})
 
 
-def _flag(body: dict, key: str, *, default: bool) -> bool:
-    value = body.get(key)
-    return default if value is None else schema.flag(body, key)
+def _or(value: bool | None, default: bool) -> bool:
+    return default if value is None else value

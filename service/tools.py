@@ -19,7 +19,6 @@ bound gets one here (STRING_MAX_LENGTH, ARRAY_MAX_ITEMS), so that no argument ca
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 
 from batcher import grammar
@@ -31,7 +30,6 @@ from service.structured import schema_text
 TOOL_MAX_TOKENS = 128  # the default max_tokens of a request with tools (MAX_NEW_TOKENS is 20)
 STRING_MAX_LENGTH = 100  # characters, for a string argument whose schema sets no maxLength
 ARRAY_MAX_ITEMS = 16  # for an array argument whose schema sets no maxItems
-NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for a function's name
 NO_PARAMETERS = {"type": "object", "properties": {}}
 CHOICES = ("none", "auto", "required")
 
@@ -54,36 +52,24 @@ def _bad(why: str, param: str = "tools") -> InvalidRequest:
     return InvalidRequest(why, param=param)
 
 
-def _function(i: int, tool) -> dict:
-    if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
-        raise _bad(f"'tools[{i}]' must be {{'type': 'function', 'function': {{'name', ...}}}} (function tools only)")
+def _function(i: int, tool: dict) -> dict:
+    """Its shape checked by service/bodies/openai.py's Tool; here, what only a schema check says."""
     fn = tool["function"]
-    extra = set(fn) - {"name", "description", "parameters", "strict"}
-    if extra:
-        raise _bad(f"'tools[{i}].function' has unknown fields: {', '.join(sorted(extra))}")
-    name = fn.get("name")
-    if not isinstance(name, str) or not NAME.match(name):
-        raise _bad(f"'tools[{i}].function.name' must be 1-64 letters, digits, '_' or '-'")
-    if not isinstance(fn.get("description", ""), (str, type(None))) or not isinstance(fn.get("strict", False), bool):
-        raise _bad(f"'tools[{i}].function': 'description' must be a string and 'strict' true or false")
     parameters = fn.get("parameters") or NO_PARAMETERS
     schema_text(parameters, "tools")  # a valid JSON schema that xgrammar enforces, or a 400
     if parameters.get("type") != "object":
         raise _bad(f"'tools[{i}].function.parameters' must be a JSON schema of type 'object'")
-    return {"name": name, "description": fn.get("description") or "", "parameters": parameters}
+    return {"name": fn["name"], "description": fn.get("description") or "", "parameters": parameters}
 
 
 def parse(body: dict) -> Tools | None:
-    """The request's `tools`, `tool_choice` and `parallel_tool_calls`; None without tools."""
-    tools, choice, parallel = body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls")
-    if parallel is not None and not isinstance(parallel, bool):
-        raise _bad("'parallel_tool_calls' must be true or false", "parallel_tool_calls")
+    """The request's `tools` and `tool_choice` (their shapes checked by the route's model); None
+    without tools."""
+    tools, choice = body.get("tools"), body.get("tool_choice")
     if tools is None or tools == []:
         if choice not in (None, "none"):
             raise _bad("'tool_choice' needs 'tools'", "tool_choice")
         return None
-    if not isinstance(tools, list):
-        raise _bad("'tools' must be a list of function tools")
     functions: dict[str, dict] = {}
     for i, tool in enumerate(tools):
         fn = _function(i, tool)
@@ -92,10 +78,7 @@ def parse(body: dict) -> Tools | None:
         functions[fn["name"]] = fn
     if choice is None or choice in CHOICES:
         return Tools(functions, choice or "auto")
-    named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
-    if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(named, str):
-        rule = "'none', 'auto', 'required' or {'type': 'function', 'function': {'name': ...}}"
-        raise _bad(f"'tool_choice' must be {rule}", "tool_choice")
+    named = choice["function"]["name"]
     if named not in functions:
         raise _bad(f"'tool_choice' names '{named}', which is not among 'tools'", "tool_choice")
     return Tools(functions, "named", named)

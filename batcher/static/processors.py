@@ -146,13 +146,16 @@ class PerRowSampling(LogitsProcessor):
         }
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        # scores: [B, V]
-        scaled = scores / self.temperature.clamp(min=1e-5)
+        # scores: [B, V]. A penalty near 0 (repetition_penalty 5e-324 is > 0, so valid) divides
+        # scores to +inf, whose softmax is NaN: the largest finite score instead, as likely as
+        # each other such token (found by tests/test_fuzz.py's kind of request; vLLM answers it)
+        scaled = (scores / self.temperature.clamp(min=1e-5)).nan_to_num(posinf=torch.finfo(scores.dtype).max)
         if bool((self.min_p > 0).any()):
             probs = scaled.softmax(dim=-1)
             scaled = scaled.masked_fill(probs < self.min_p * probs.amax(dim=-1, keepdim=True), float("-inf"))
         if any(self.top_k):
-            k = torch.tensor([k or scores.shape[-1] for k in self.top_k], device=scores.device)
+            vocab = scores.shape[-1]  # a k past the vocabulary keeps every token, as on vLLM
+            k = torch.tensor([min(k or vocab, vocab) for k in self.top_k], device=scores.device)
             kth = scaled.sort(dim=-1, descending=True).values.gather(1, (k - 1)[:, None])
             scaled = scaled.masked_fill(scaled < kth, float("-inf"))
         sorted_logits, order = scaled.sort(dim=-1)  # ascending

@@ -1,0 +1,107 @@
+"""The sampling fields every generate body shares (demo and OpenAI routes, both engines), declared
+once: types and ranges here, vLLM's; what they mean in docs/api.md's table, which
+tests/test_bodies.py checks against these declarations.
+
+Strict, as JSON is: a JSON true is not the number 1, "5" is not 5, 2.0 is not an integer; NaN
+and Infinity (which Python's JSON parser reads) are no numbers. Absent or null: the default
+(service/params.py fills it in). The bounds that are settings are `AtMost` (limits.py).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.bodies.limits import AtMost
+
+MAX_STOP = 4  # stop strings per request (OpenAI's limit)
+MAX_STOP_TOKEN_IDS = 64
+MAX_LOGPROBS = 5  # top alternatives per token (OpenAI completions' limit)
+MAX_LOGIT_BIAS = 300  # entries (OpenAI's limit)
+
+Int = Annotated[int, Field(strict=True)]
+Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+Flag = Annotated[bool, Field(strict=True)]
+Text = Annotated[str, Field(strict=True, min_length=1)]
+TokenId = Annotated[int, Field(strict=True, ge=0)]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+Logprobs = Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)]
+
+
+class Strict(BaseModel):
+    """What every body model shares: validated as JSON reads (strict), never coerced."""
+
+    model_config = ConfigDict(strict=True, allow_inf_nan=False)
+
+
+class JsonSchemaFormat(Strict):
+    name: str | None = None
+    schema_: dict[str, Any] | str = Field(alias="schema")
+    strict: Flag | None = None
+    description: str | None = None
+
+
+class ResponseFormat(Strict):
+    """OpenAI's `response_format` (service/structured.py compiles it)."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(Strict):
+    """vLLM's `structured_outputs`: exactly one kind (service/structured.py says which is missing)."""
+
+    model_config = ConfigDict(extra="forbid")
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: Annotated[list[Text], Field(min_length=1)] | None = None
+    grammar: str | None = None
+    json_object: Flag | None = None
+    structural_tag: dict[str, Any] | str | None = None
+    disable_any_whitespace: Flag | None = None
+    whitespace_pattern: str | None = None  # refused: vLLM's xgrammar backend ignores them too
+    disable_additional_properties: Flag | None = None
+
+
+class Sampling(Strict):
+    """The sampling fields, per prompt even inside one round."""
+
+    max_tokens: Annotated[Int, Field(ge=1), AtMost("max_new_tokens_limit")] | None = Field(
+        None, description="most tokens to generate (default MAX_NEW_TOKENS)"
+    )
+    temperature: Annotated[Number, Field(ge=0, le=2)] | None = Field(
+        None, description="0: greedy (argmax after penalties and logit_bias)"
+    )
+    top_p: Annotated[Number, Field(gt=0, le=1)] | None = Field(None, description="nucleus sampling")
+    top_k: Annotated[Int, Field(ge=-1)] | None = Field(None, description="-1 or 0: every token; k: the k most likely")
+    min_p: Annotated[Number, Field(ge=0, le=1)] | None = None
+    stop: Text | Annotated[list[Text], Field(max_length=MAX_STOP)] | None = Field(
+        None, description="end when the text contains one; the text ends before it"
+    )
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
+    min_tokens: Annotated[Int, Field(ge=0)] | None = Field(None, description="at most max_tokens")
+    seed: Annotated[Int, Field(ge=-(2**63), le=2**63 - 1)] | None = None
+    logprobs: Logprobs | None = Field(None, description="top alternatives per generated token")
+    presence_penalty: Annotated[Number, Field(ge=-2, le=2)] | None = None
+    frequency_penalty: Annotated[Number, Field(ge=-2, le=2)] | None = None
+    repetition_penalty: Annotated[Number, Field(gt=0)] | None = None
+    logit_bias: (
+        Annotated[
+            dict[Annotated[str, Field(pattern=r"^[0-9]+$")], Annotated[Number, Field(ge=-100, le=100)]],
+            Field(max_length=MAX_LOGIT_BIAS),
+        ]
+        | None
+    ) = Field(None, description="token id (as a string) -> bias added to its score")
+    ignore_eos: Flag | None = Field(None, description="generate exactly max_tokens")
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    n: Annotated[Int, Field(ge=1), AtMost("max_n")] | None = Field(None, description="completions per prompt")
+    truncate_prompt_tokens: Annotated[Int, Field(ge=-1)] | None = Field(
+        None, description="keep the prompt's last k tokens (-1: MAX_INPUT_TOKENS); k >= 1"
+    )
+    max_queue_ms: Annotated[Number, Field(ge=0)] | None = Field(
+        None, description="the most the request will wait for its first token"
+    )
+    details: Flag | None = Field(None, description="what batching cost each prompt")

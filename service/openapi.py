@@ -1,0 +1,135 @@
+"""`GET /openapi.json`: the API as an OpenAPI 3.1 document, generated from the body models
+(service/bodies/) and the app's own URL map, so that it lists what is served: each route family
+once per engine it is registered for (`/v1` and `/static/v1`, `/tokenize` and
+`/static/tokenize`, `/generate` and `/generate_vllm`), never a copied list of paths.
+
+A path's body is its view's model (BODIES); its 4xx responses are the error shape its blueprint
+answers in (service/errors.py: OpenAI's where the blueprint has OpenAI's handler, the demo
+routes' elsewhere); the bounds that are settings (limits.AtMost) carry this app's values.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+from flask import Blueprint, Flask, current_app, jsonify
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from service.bodies import demo, limits
+from service.bodies import openai as bodies
+
+bp = Blueprint("openapi", __name__)
+
+REF = "#/components/schemas/{model}"
+# each view (the last part of its endpoint) -> its body's model(s)
+BODIES: dict[str, tuple[type[BaseModel], ...]] = {
+    "generate": (demo.Generate,),
+    "basic_generate": (demo.Single,),
+    "generate_stream": (demo.Single,),
+    "race": (demo.Race,),
+    "completions": (bodies.Completion,),
+    "chat_completions": (bodies.Chat,),
+    "create_response": (bodies.Responses,),
+    "tokenize": (bodies.TokenizeText, bodies.TokenizeChat),  # vLLM's union: `messages` makes it chat
+    "detokenize": (bodies.Detokenize,),
+}
+STREAMS = {"generate_stream", "race"}  # server-sent events, always
+MAY_STREAM = {"completions", "chat_completions", "create_response"}  # with `stream: true`
+GETS = {"models": "the served model", "health": "each engine's state (503 until the static one is ready)"}
+
+
+class DemoError(BaseModel):
+    """The demo routes' error: {"error": message, "type": what}."""
+
+    error: str
+    type: str
+    predicted: dict | None = None  # wait_too_long: the engine's prediction
+
+
+class OpenAIErrorBody(BaseModel):
+    message: str
+    type: str  # OpenAI's: invalid_request_error, not_found_error, ...
+    param: str | None  # the request field at fault
+    code: str | None  # ours: invalid_request, unknown_field, context_length_exceeded, ...
+
+
+class OpenAIError(BaseModel):
+    """OpenAI's error: {"error": {"message", "type", "param", "code"}}."""
+
+    error: OpenAIErrorBody
+
+
+DEMO_STATUSES = ("400", "401", "413", "422", "429", "503", "504")
+OPENAI_STATUSES = ("400", "401", "404", "413", "429", "503", "504")
+
+
+@functools.cache
+def _schemas() -> dict:
+    models = {m for ms in BODIES.values() for m in ms} | {DemoError, OpenAIError}
+    _, defs = models_json_schema(
+        [(m, "validation") for m in sorted(models, key=lambda m: m.__name__)], ref_template=REF
+    )
+    return defs["$defs"]
+
+
+def _openai_shaped(app: Flask, blueprint: str) -> bool:
+    return Exception in app.error_handler_spec.get(blueprint, {}).get(None, {})
+
+
+def _operation(endpoint: str, view: str, openai: bool) -> dict:
+    error = "OpenAIError" if openai else "DemoError"
+    responses = {
+        status: {"$ref": f"#/components/responses/{error}"} for status in (OPENAI_STATUSES if openai else DEMO_STATUSES)
+    }
+    ok = ["text/event-stream"] if view in STREAMS else ["application/json"]
+    ok += ["text/event-stream"] if view in MAY_STREAM else []
+    op = {"operationId": endpoint, "tags": [endpoint.rsplit(".", 1)[0]], "security": [{}, {"bearer": []}]}
+    if view in GETS:
+        return {**op, "summary": GETS[view], "responses": {"200": {"description": GETS[view]}}}
+    models = BODIES[view]
+    refs = [{"$ref": REF.format(model=m.__name__)} for m in models]
+    schema = refs[0] if len(refs) == 1 else {"oneOf": refs}
+    body = {"required": True, "content": {"application/json": {"schema": schema}}}
+    ok_content = {kind: {} for kind in ok}
+    summary = (models[0].__doc__ or "").strip().split("\n")[0]
+    return {
+        **op,
+        "summary": summary,
+        "requestBody": body,
+        "responses": {"200": {"description": "OK", "content": ok_content}, **responses},
+    }
+
+
+def _error(model: str) -> dict:
+    return {"description": "an error", "content": {"application/json": {"schema": {"$ref": REF.format(model=model)}}}}
+
+
+def document(app: Flask) -> dict:
+    """The OpenAPI 3.1 document of `app` (its routes, its settings)."""
+    paths: dict[str, dict] = {}
+    for rule in sorted(app.url_map.iter_rules(), key=lambda r: r.rule):
+        blueprint, _, view = rule.endpoint.rpartition(".")
+        if rule.arguments - set(rule.defaults or {}) or view not in BODIES | GETS:
+            continue
+        method = "post" if view in BODIES else "get"
+        if method.upper() in rule.methods:
+            paths.setdefault(rule.rule, {})[method] = _operation(rule.endpoint, view, _openai_shaped(app, blueprint))
+    schemas = copy.deepcopy(_schemas())  # filled in per app: the cached one stays unfilled
+    limits.fill(schemas, app.config["SERVICE"])
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "batching-service", "version": "1", "description": "docs/api.md and docs/openai.md"},
+        "paths": paths,
+        "components": {
+            "schemas": schemas,
+            "responses": {name: _error(name) for name in ("DemoError", "OpenAIError")},
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "description": "API_KEY, when set"}},
+        },
+    }
+
+
+@bp.get("/openapi.json")
+def openapi():
+    return jsonify(document(current_app))

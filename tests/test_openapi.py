@@ -1,0 +1,101 @@
+"""GET /openapi.json: valid OpenAPI 3.1 (against the 3.1 meta schema Schemathesis ships), every
+component a valid JSON Schema 2020-12, each route family listed once per engine it is registered
+for, the error shape each blueprint answers in, this app's settings as the bounds. On an app
+built without its engines (nothing to run: the document is the app's routes and models)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import jsonschema
+import pytest
+from schemathesis.specs.openapi.definitions import OPENAPI_31
+
+from service import create_app, demo, openai_api, tokenization
+from service.bodies.limits import MARK
+from service.config import Config
+from service.openapi import document
+
+
+@pytest.fixture(scope="module")
+def app():
+    return create_app(Config.from_env(max_n=3), start=False)
+
+
+@pytest.fixture(scope="module")
+def doc(app) -> dict:
+    reply = app.test_client().get("/openapi.json")
+    assert reply.status_code == 200 and reply.mimetype == "application/json"
+    return reply.json
+
+
+def test_it_is_valid_openapi_3_1(doc):
+    assert doc["openapi"].startswith("3.1.")
+    jsonschema.Draft202012Validator(OPENAPI_31).validate(doc)
+    for schema in doc["components"]["schemas"].values():
+        jsonschema.Draft202012Validator.check_schema(schema)  # raises, naming what is wrong
+    refs = {ref for ref in _values(doc, "$ref")}
+    targets = {f"#/components/{kind}/{name}" for kind in ("schemas", "responses") for name in doc["components"][kind]}
+    assert refs and refs <= targets, refs - targets
+
+
+def test_every_registered_base_url_has_its_paths(doc):
+    paths = set(doc["paths"])
+    for prefix in openai_api.PREFIXES.values():  # /v1 and /static/v1
+        for route in ("/completions", "/chat/completions", "/responses", "/models"):
+            assert prefix + route in paths
+    for prefix in tokenization.PREFIXES.values():  # /tokenize and /static/tokenize
+        assert {f"{prefix}/tokenize", f"{prefix}/detokenize"} <= paths
+    for urls in demo.ROUTES.values():
+        assert set(urls.values()) <= paths
+    assert {"/race", "/health"} <= paths
+    assert not any("<" in path for path in paths)  # the catch-all under /v1 is no operation
+
+
+def test_each_operation_documents_the_error_shape_its_routes_answer_in(doc):
+    def error_of(path: str) -> str:
+        [op] = doc["paths"][path].values()
+        return op["responses"]["400"]["$ref"].rsplit("/", 1)[-1]
+
+    for path in ("/v1/completions", "/static/v1/chat/completions", "/static/tokenize", "/detokenize"):
+        assert error_of(path) == "OpenAIError"
+    for path in ("/generate", "/generate_vllm_stream", "/basic_generate", "/race"):
+        assert error_of(path) == "DemoError"
+    shape = doc["components"]["schemas"]["OpenAIErrorBody"]
+    assert set(shape["required"]) == {"message", "type", "param", "code"}
+
+
+def test_the_bounds_that_are_settings_carry_this_apps_values(app, doc):
+    props = doc["components"]["schemas"]["Generate"]["properties"]
+    config = app.config["SERVICE"]
+    assert [b.get("maximum") for b in props["n"]["anyOf"]] == [3, None]  # MAX_N=3 here
+    assert props["max_tokens"]["anyOf"][0]["maximum"] == config.max_new_tokens_limit
+    assert props["prompts"]["maxItems"] == config.max_prompts_per_request
+    assert MARK not in json.dumps(doc)
+    other = dataclasses.replace(config, max_n=5)
+    with app.app_context():
+        app.config["SERVICE"] = other
+        try:
+            again = document(app)
+        finally:
+            app.config["SERVICE"] = config
+    assert again["components"]["schemas"]["Generate"]["properties"]["n"]["anyOf"][0]["maximum"] == 5
+
+
+def test_the_demo_bodies_forbid_unknown_fields_and_the_openai_ones_allow_them(doc):
+    schemas = doc["components"]["schemas"]
+    assert schemas["Generate"]["additionalProperties"] is False and schemas["Single"]["additionalProperties"] is False
+    assert schemas["Completion"]["additionalProperties"] is True and schemas["Chat"]["additionalProperties"] is True
+
+
+def _values(node, key: str):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == key:
+                yield v
+            else:
+                yield from _values(v, key)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _values(item, key)
