@@ -210,6 +210,7 @@ COST_S = {
     "test_bench_smoke": 165, "test_drain": 130, "test_runner": 85, "test_openai_fields": 85,
     "test_slow_clients": 70, "test_echo": 65, "test_isolation": 60, "test_vllm": 55, "test_worker": 50,
     "test_streaming": 45, "test_e2e": 35, "test_api": 30, "test_context": 20, "test_race": 15,
+    "test_fuzz": 180,  # added after that run: its 1.5 min on the busy machine, doubled like the rest
 }  # fmt: skip
 
 
