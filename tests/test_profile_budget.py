@@ -187,7 +187,8 @@ def test_each_candidate_has_its_cap_and_the_budget_decides_what_starts(model_pat
     children, rows = made[0], {choose.label(r): r for r in result["rows"]}
     assert children.closed and result["cap_s"] == 60
     assert children.caps["static float32 eager"] == 150  # the reference: the whole budget
-    assert children.caps["vllm float32 eager"] == 60  # every other: CAP_SHARE of it
+    assert children.caps["vllm float32 eager"] == 140  # vLLM's first (its fallback): what is left
+    assert children.caps["static float16 eager"] == 60  # every other: CAP_SHARE of it
     # 10 + 40 + 10 s, then vLLM fp16 eager is killed at its 60 s cap: 30 s left for the rest
     assert rows["vllm float16 eager"]["status"] == "timed out after 60 s (its cap: 60 s)"
     assert children.caps["vllm float32 compiled"] == 20  # what the budget had left

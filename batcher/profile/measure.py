@@ -13,8 +13,8 @@ eager (faithful where measured, and the static engine's fastest on a quiet Zen 3
 compiling from a cold cache), bf16 eager (unfaithful on every CPU measured so far, yet measured
 where there is time: defaults are decided by measuring), then fp16 and bf16 compiled, each only
 where its eager row was faithful. Every engine keeps one process for its candidates
-(session.py). Each candidate has a cap, CAP_SHARE of the budget (the reference: all that is
-left): the child stops it once its projection passes the cap ("too slow"), the parent kills it at
+(session.py). Each candidate has a cap, CAP_SHARE of the budget (each engine's first, fp32 eager:
+all that is left): the child stops it once its projection passes the cap ("too slow"), the parent kills it at
 the cap ("timed out"); a candidate the budget cannot start is recorded as such.
 """
 
@@ -138,9 +138,13 @@ def measure(model_path: str, log_path: Path, budget_s: float = BUDGET_S, only=No
             for candidate in todo:
                 why = skipped(candidate, rows, deadline - time.monotonic())
                 if why is None:
-                    cap = budget_s if not rows else CAP_SHARE * budget_s
+                    # an engine's first row (fp32 eager: the reference, and vLLM's fallback) runs
+                    # to what is left, unprojected: without it that engine has nothing measured
+                    # (on the quiet Zen 3, 2026-12-02, vLLM's took over 60 s: start 25-36 s of it)
+                    first = not any(row["engine"] == candidate[0] for row in rows)
+                    cap = budget_s if first else CAP_SHARE * budget_s
                     spec = spec_for(candidate, base[candidate[0] == "vllm"], texts, reference, **how)
-                    spec["project"] = bool(rows)  # the reference runs to its cap (candidate._over)
+                    spec["project"] = not first  # the first runs to its cap (candidate._over)
                     result = children.measure(candidate[0], spec, cap, deadline)
                     reference = reference or result.get("completions")
                     rows.append(row_for(candidate, result, how.get("sizes", SIZES)[candidate[0]]))
