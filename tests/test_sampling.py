@@ -18,9 +18,11 @@ REPETITIVE = "Say it again and again: the cat sat on the mat, the cat sat on the
 
 
 @pytest.fixture(params=list(ENGINES))
-def engine(request):
+def engine(request, app):
     """(the client, the generate path, the stream path) of one engine; only the vLLM one waits
-    for vLLM to start."""
+    for vLLM to start. `app` is named so that these tests join the session app's xdist group
+    (tests/conftest.py groups by the fixtures a test names): asked for only inside, it put them
+    in a group of their own, which started a second app on the other worker (~30 s)."""
     client = request.getfixturevalue("vllm_client" if request.param == "vllm" else "client")
     return client, *ENGINES[request.param]
 
