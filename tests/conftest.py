@@ -77,6 +77,38 @@ def shared_server(tmp_path_factory):
         srv.stop()
 
 
+STATIC_SERVER_QUEUE = 9  # `static_server`'s MAX_QUEUE, in sequences
+
+
+@pytest.fixture(scope="session")
+def static_server(tmp_path_factory):
+    """One real gunicorn with the static engine alone (vLLM disabled, no API key), for the tests
+    that fill its queue or need a disabled engine: test_openai's 429 the SDK retries and its 503,
+    and test_admission's deadline behind a backlog. A queue of STATIC_SERVER_QUEUE sequences:
+    admission's backlog of 8 and its one more fit even before a round takes any (a full queue
+    would answer its generous request 429 queue_full), and test_openai fills it to the brim.
+    Four rows a round (the default, named here since both tests count on it); a timeout no
+    prediction on a busy machine reaches, so that a deadline alone decides; one torch thread,
+    since two spinning at every op's barrier on an oversubscribed CPU made a decode step 7 s here
+    against 0.3 s with one. Each test waits for what it sent and leaves nothing queued."""
+    env = {
+        "VLLM_ENABLED": "0",
+        "MAX_QUEUE": str(STATIC_SERVER_QUEUE),
+        "BATCH_SIZE": "4",
+        "THREADS": "16",
+        "REQUEST_TIMEOUT_S": "3600",
+        "TORCH_THREADS": "1",
+    }
+    srv = Server(tmp_path_factory.mktemp("static") / "server.log", env)
+    try:
+        health = srv.wait_ready(600)
+        assert health["engines"]["static"]["status"] == "ready", srv.log_text()[-3000:]
+        assert health["engines"]["vllm"]["status"] == "disabled", health
+        yield srv
+    finally:
+        srv.stop()
+
+
 @pytest.fixture(scope="session")
 def runner_fp32(model_path) -> Runner:
     """float32, so that padded and unpadded runs can be compared token for token."""
@@ -204,7 +236,7 @@ def worker(runner):
 # the machine otherwise busy, so about twice a quiet run's; only the order depends on them, and a
 # module not named counts 1 s a test. `make test` passes --no-loadscope-reorder, since xdist
 # would otherwise send the groups with the most tests first, whatever they cost.
-SHARED_FIXTURES = ("shared_server", "app", "runner_fp32")
+SHARED_FIXTURES = ("shared_server", "app", "runner_fp32", "static_server")
 COST_S = {
     "test_structured": 620, "test_tools": 600, "test_eval": 565, "test_cluster": 520, "test_sampling": 480,
     "test_page": 70, "test_static_compile": 290, "test_openai": 290, "test_profile": 195, "test_admission": 190,
