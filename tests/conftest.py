@@ -56,21 +56,54 @@ def static_settings(model_path: str, **config) -> StaticSettings:
 @pytest.fixture(scope="session")
 def shared_server(tmp_path_factory):
     """One real gunicorn, both engines ready, for the modules that only send it requests
-    (test_e2e, test_openai, test_openai_fields, test_structured, test_eval): each start loads both
-    engines, a minute or more on 2 cores, so it starts once, when a module first asks, and stops
-    at the end of the session. Its settings satisfy all of them: two API keys (test_openai checks
-    that either one is taken), at most 8 prompts a request (test_openai's 413 at 9), and PINNED's
-    fp32 eager on both engines: its tests compare the two engines token for token and test_eval
-    their loglikelihoods to 1e-3, while the profile may pick a different dtype per engine (on the
-    AMD EPYC here, 2026-12-01: static fp16, vLLM fp32), so the defaults are not what they test.
-    A test that changes a server's state or needs other settings starts its own; one that reads
-    the log or the metrics reads what its own requests added (`Server.log_mark`)."""
+    (test_e2e, test_openai, test_openai_fields, test_structured, test_eval, test_fuzz, test_page):
+    each start loads both engines, a minute or more on 2 cores, so it starts once, when a module
+    first asks, and stops at the end of the session. Its settings satisfy all of them: two API
+    keys (test_openai checks that either one is taken, test_page that the page asks for one), at
+    most 8 prompts a request (test_openai's 413 at 9), and PINNED's fp32 eager on both engines:
+    its tests compare the two engines token for token and test_eval their loglikelihoods to 1e-3,
+    while the profile may pick a different dtype per engine (on the AMD EPYC here, 2026-12-01:
+    static fp16, vLLM fp32), so the defaults are not what they test. A test that changes a
+    server's state or needs other settings starts its own; one that reads the log or the metrics
+    reads what its own requests added (`Server.log_mark`)."""
     log = tmp_path_factory.mktemp("shared") / "server.log"
     srv = Server(log, {"API_KEY": f"other-key,{KEY}", "MAX_PROMPTS_PER_REQUEST": "8", "THREADS": "32", **PINNED})
     try:
         health = srv.wait_ready(900)
         for name in ("static", "vllm"):
             assert health["engines"][name]["status"] == "ready", (health, srv.log_text()[-3000:])
+        yield srv
+    finally:
+        srv.stop()
+
+
+STATIC_SERVER_QUEUE = 9  # `static_server`'s MAX_QUEUE, in sequences
+
+
+@pytest.fixture(scope="session")
+def static_server(tmp_path_factory):
+    """One real gunicorn with the static engine alone (vLLM disabled, no API key), for the tests
+    that fill its queue or need a disabled engine: test_openai's 429 the SDK retries and its 503,
+    and test_admission's deadline behind a backlog. A queue of STATIC_SERVER_QUEUE sequences:
+    admission's backlog of 8 and its one more fit even before a round takes any (a full queue
+    would answer its generous request 429 queue_full), and test_openai fills it to the brim.
+    Four rows a round (the default, named here since both tests count on it); a timeout no
+    prediction on a busy machine reaches, so that a deadline alone decides; one torch thread,
+    since two spinning at every op's barrier on an oversubscribed CPU made a decode step 7 s here
+    against 0.3 s with one. Each test waits for what it sent and leaves nothing queued."""
+    env = {
+        "VLLM_ENABLED": "0",
+        "MAX_QUEUE": str(STATIC_SERVER_QUEUE),
+        "BATCH_SIZE": "4",
+        "THREADS": "16",
+        "REQUEST_TIMEOUT_S": "3600",
+        "TORCH_THREADS": "1",
+    }
+    srv = Server(tmp_path_factory.mktemp("static") / "server.log", env)
+    try:
+        health = srv.wait_ready(600)
+        assert health["engines"]["static"]["status"] == "ready", srv.log_text()[-3000:]
+        assert health["engines"]["vllm"]["status"] == "disabled", health
         yield srv
     finally:
         srv.stop()
@@ -203,14 +236,16 @@ def worker(runner):
 # the machine otherwise busy, so about twice a quiet run's; only the order depends on them, and a
 # module not named counts 1 s a test. `make test` passes --no-loadscope-reorder, since xdist
 # would otherwise send the groups with the most tests first, whatever they cost.
-SHARED_FIXTURES = ("shared_server", "app", "runner_fp32")
+SHARED_FIXTURES = ("shared_server", "app", "runner_fp32", "static_server")
 COST_S = {
     "test_structured": 620, "test_tools": 600, "test_eval": 565, "test_cluster": 520, "test_sampling": 480,
-    "test_page": 345, "test_static_compile": 290, "test_openai": 290, "test_profile": 195, "test_admission": 190,
+    "test_page": 70, "test_static_compile": 290, "test_openai": 290, "test_profile": 195, "test_admission": 190,
     "test_bench_smoke": 165, "test_drain": 130, "test_runner": 85, "test_openai_fields": 85,
     "test_slow_clients": 70, "test_echo": 65, "test_isolation": 60, "test_vllm": 55, "test_worker": 50,
     "test_streaming": 45, "test_e2e": 35, "test_api": 30, "test_context": 20, "test_race": 15,
     "test_fuzz": 180,  # added after that run: its 1.5 min on the busy machine, doubled like the rest
+    # test_page since it moved onto shared_server (was 345 with two servers of its own): its calls
+    # and browsers, about 35 s alone on the busy machine on 2026-12-02, doubled like the rest
 }  # fmt: skip
 
 

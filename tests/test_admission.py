@@ -11,7 +11,6 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from deploy.server import Server
 from tests.conftest import wait_until
 
 GENEROUS = "3600000"  # an hour: never refused, even on a starved CPU
@@ -237,21 +236,10 @@ def test_metrics_under_vllms_names_count_both_engines(vllm_client):
 
 
 # --- the real gunicorn --------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    # a timeout no prediction on a busy machine reaches: the deadline alone decides here; one torch
-    # thread, since two spinning at every op's barrier on an oversubscribed CPU made a decode
-    # step 7 s here against 0.3 s with one
-    env = {"VLLM_ENABLED": "0", "THREADS": "16", "REQUEST_TIMEOUT_S": "3600", "TORCH_THREADS": "1"}
-    srv = Server(tmp_path_factory.mktemp("admission") / "server.log", env)
-    try:
-        assert srv.wait_ready(600)["engines"]["static"]["status"] == "ready", srv.log_text()[-3000:]
-        yield srv
-    finally:
-        srv.stop()
-
-
-def test_under_gunicorn_a_200_ms_deadline_behind_a_backlog_is_429_and_a_generous_one_200(server):
+def test_under_gunicorn_a_200_ms_deadline_behind_a_backlog_is_429_and_a_generous_one_200(static_server):
+    # tests/conftest.py: static engine alone, four rows a round, REQUEST_TIMEOUT_S no prediction
+    # reaches (the deadline alone decides), one torch thread, room in its queue for all of this
+    server = static_server
     url = server.url
     for _ in range(2):  # two rounds measured: a cold first one is outvoted (batcher/predict.py)
         warm = requests.post(f"{url}/generate", json={"prompts": ["Warm"] * 4, "max_tokens": 8}, timeout=600)

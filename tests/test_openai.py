@@ -17,20 +17,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoTokenizer
 
 from bench import serve_client
-from deploy.server import Server
-from tests.conftest import KEY, auth, wait_until
+from tests.conftest import KEY, STATIC_SERVER_QUEUE, auth, wait_until
 
 MODEL = "SmolLM2-135M-Instruct"
 PARIS = "The capital of France is"
 DEMO_ROUTE = {"/v1": "/generate_vllm", "/static/v1": "/generate"}
 BASES = pytest.mark.parametrize("base", list(DEMO_ROUTE))
-
-
-def started(srv: Server, *engines: str) -> Server:
-    health = srv.wait_ready(600)
-    for name in engines:
-        assert health["engines"][name]["status"] == "ready", srv.log_text()[-3000:]
-    return srv
 
 
 @pytest.fixture(scope="module")
@@ -286,23 +278,8 @@ def test_vllms_benchmark_client_runs_without_a_failed_request(server, base, monk
     assert result["completed"] == 8 and result["failed"] == 0
 
 
-@pytest.fixture(scope="module")
-def tiny_server(tmp_path_factory):
-    """Static engine only, a queue of four: easy to fill."""
-    log = tmp_path_factory.mktemp("tiny") / "server.log"
-    # one torch thread: under a busy machine, OpenMP barriers between two threads cost whole timeslices
-    srv = Server(
-        log,
-        {"VLLM_ENABLED": "0", "MAX_QUEUE": "4", "BATCH_SIZE": "4", "REQUEST_TIMEOUT_S": "900", "TORCH_THREADS": "1"},
-    )
-    try:
-        yield started(srv, "static")
-    finally:
-        srv.stop()
-
-
-def test_the_sdk_retries_a_429_by_itself(tiny_server):
-    background = openai.OpenAI(base_url=f"{tiny_server.url}/static/v1", api_key="-", max_retries=0, timeout=900)
+def test_the_sdk_retries_a_429_by_itself(static_server):
+    background = openai.OpenAI(base_url=f"{static_server.url}/static/v1", api_key="-", max_retries=0, timeout=900)
     answered = []
 
     def fire(prompts, tokens):
@@ -311,17 +288,23 @@ def test_the_sdk_retries_a_429_by_itself(tiny_server):
         )
         answered.append(len(reply.choices))
 
-    # a long round of four runs, then four more prompts fill the queue
+    # a long round of four runs, then as many more prompts as the queue holds fill it
     long_round = threading.Thread(target=fire, args=(["Tell me a story"] * 4, 40))
     long_round.start()
-    wait_until(lambda: tiny_server.engine("static").get("inflight") == 4, 60, "the long round to run")
-    queued = threading.Thread(target=fire, args=(["a", "b", "c", "d"], 2))
+    engine = static_server.engine
+    wait_until(
+        lambda: engine("static").get("inflight") == 4 and engine("static").get("queued") == 0,
+        60,
+        "the long round to run",
+    )
+    fill = [f"Fill {i}" for i in range(STATIC_SERVER_QUEUE)]
+    queued = threading.Thread(target=fire, args=(fill, 2))
     queued.start()
-    wait_until(lambda: tiny_server.engine("static").get("queued") == 4, 60, "the queue to fill")
+    wait_until(lambda: engine("static").get("queued") == STATIC_SERVER_QUEUE, 60, "the queue to fill")
 
     statuses = []
     client = openai.OpenAI(
-        base_url=f"{tiny_server.url}/static/v1",
+        base_url=f"{static_server.url}/static/v1",
         api_key="-",
         max_retries=300,  # Retry-After is 1 s: the long round has minutes to finish, even on a busy machine
         http_client=httpx.Client(event_hooks={"response": [lambda r: statuses.append(r.status_code)]}),
@@ -330,11 +313,12 @@ def test_the_sdk_retries_a_429_by_itself(tiny_server):
     long_round.join(300)
     queued.join(300)
     assert statuses[0] == 429 and statuses[-1] == 200 and set(statuses) == {429, 200}
-    assert len(reply.choices) == 1 and sorted(answered) == [4, 4]  # the requests that filled it, answered
+    # the requests that filled it, answered
+    assert len(reply.choices) == 1 and sorted(answered) == [4, STATIC_SERVER_QUEUE]
 
 
-def test_a_disabled_engine_answers_503_as_the_sdks_exception(tiny_server):
-    client = openai.OpenAI(base_url=f"{tiny_server.url}/v1", api_key="-", max_retries=0)
+def test_a_disabled_engine_answers_503_as_the_sdks_exception(static_server):
+    client = openai.OpenAI(base_url=f"{static_server.url}/v1", api_key="-", max_retries=0)
     with pytest.raises(openai.InternalServerError) as down:
         client.models.list()
     assert down.value.status_code == 503 and down.value.body["code"] == "engine_unavailable"
