@@ -73,8 +73,9 @@ def runs(server, model_path, tmp_path_factory) -> dict[tuple[str, bool], dict]:
     """The four lm_eval runs against the one server, in two processes at once: the first run is
     `python -m lm_eval` itself (the CLI as a user runs it), the other three go through the same
     CLI code one after another in one process (tests/eval/harness.py), which pays lm-eval's imports
-    once instead of three times. (engine, tokenized) -> {"results": the results file, "samples":
-    {task: [sample, ...]}}."""
+    once instead of three times and indexes only tests/eval's tasks, not lm-eval's ~14,000 (25 s a
+    run, busy): the first run's index overlaps the harness's runs. (engine, tokenized) ->
+    {"results": the results file, "samples": {task: [sample, ...]}}."""
     out = tmp_path_factory.mktemp("lm_eval")
     # nothing from a hub: the data is local and the tokenizer a folder
     env = {**os.environ, "OPENAI_API_KEY": KEY, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
