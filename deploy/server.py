@@ -2,6 +2,7 @@
 for bench/ and the tests (beside cluster.py, the other way the service is run)."""
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -14,6 +15,40 @@ import requests
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTLED = {"ready", "failed", "disabled", "stopped"}  # vLLM states that waiting will not change
+EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_PORT = 10000  # below this: the ports services are commonly given (8000, 8080, 5432, ...)
+# not the `random` module's shared state: pytest-randomly seeds it alike in every xdist worker
+_pick = random.SystemRandom()
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port_run(count: int = 1) -> int:
+    """A port p with p..p+count-1 free on loopback, for a server to bind after we let go of it.
+
+    Not the kernel's port 0: that picks from the ephemeral range, where every outbound connection
+    and every other process's port-0 bind draws too, so one can take the port before the server
+    binds it (a replica then loops on "Connection in use"). Below that range only another
+    explicit bind competes; a random start keeps parallel test workers apart."""
+    try:
+        low, high = map(int, EPHEMERAL.read_text().split())
+    except (OSError, ValueError):  # not Linux: below Linux's default range is below macOS's too
+        low, high = 32768, 60999
+    # below the range; above it where it starts too low for that; anywhere where neither fits
+    spans = [(LOWEST_PORT, low - count + 1), (high + 1, 65537 - count), (1024, 65537 - count)]
+    start, stop = next((a, b) for a, b in spans if a < b)
+    for _ in range(200):
+        base = _pick.randrange(start, stop)
+        if all(_bindable(base + i) for i in range(count)):
+            return base
+    raise RuntimeError(f"no run of {count} free ports outside the ephemeral range {low}-{high}")
 
 
 class Server:
@@ -22,9 +57,7 @@ class Server:
 
     def __init__(self, log_path: Path, env: dict[str, str] | None = None):
         self.log_path, self.started = log_path, time.monotonic()
-        with socket.socket() as sock:  # a free port, released for gunicorn to bind
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
+        port = free_port_run()
         self.url, env = (
             f"http://127.0.0.1:{port}",
             {**os.environ, "HOST": "127.0.0.1", "PORT": str(port), **(env or {})},

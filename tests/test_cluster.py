@@ -9,7 +9,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -19,11 +18,12 @@ from pathlib import Path
 import pytest
 import requests
 
+from deploy.server import free_port_run
 from tests.conftest import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
-REQUESTS, THREADS, REPLICAS = 300, 16, 2
-HELD_BACK = 32  # the last requests wait for the rolling restart to end: traffic before, during, after
+THREADS, REPLICAS = 8, 2  # 8: enough that each replica holds work at its SIGTERM; more only lengthens drains
+AFTER = 2 * THREADS  # requests sent once the rolling restart has ended: traffic before, during, after
 MAX_TOKENS = 6
 PROMPTS = [
     "The capital of France is",
@@ -42,26 +42,6 @@ BAD = [  # (body, status, type): answered by a replica through nginx, never retr
 ]
 
 pytestmark = pytest.mark.slow
-
-
-def bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port_run(count: int) -> int:
-    """A port p with p..p+count-1 all free (nginx on p, replicas above it)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + count < 65535 and all(bindable(base + i) for i in range(count)):
-            return base
-    raise RuntimeError("no run of free ports")
 
 
 def healthy(url: str) -> bool:
@@ -160,58 +140,91 @@ def cluster(tmp_path):
 
 def job(i: int) -> tuple[str, object, int | None]:
     """(kind, payload, prompt index or None): a mix of single and multi-prompt /generate, streams
-    and, every 25th, a bad input."""
-    if i % 25 == 24:
-        return "bad", BAD[(i // 25) % len(BAD)], None
+    and, every 10th, a bad input (each of BAD by the 30th)."""
+    if i % 10 == 9:
+        return "bad", BAD[(i // 10) % len(BAD)], None
     if i % 4 == 3:
         return "stream", PROMPTS[i % len(PROMPTS)], i % len(PROMPTS)
     count = 1 + i % 3
     return "generate", [PROMPTS[(i + k) % len(PROMPTS)] for k in range(count)], None
 
 
-def test_a_rolling_restart_under_load_loses_and_crosses_nothing(cluster):
-    session = requests.Session()
-    # what each prompt completes to on its own (greedy, float32: the same inside any batch)
-    expected = {}
-    for prompt in PROMPTS:
-        r = session.post(
-            f"{cluster.replica_urls[0]}/generate", json={"prompts": [prompt], "max_tokens": MAX_TOKENS}, timeout=300
-        )
-        assert r.status_code == 200, r.text
-        expected[prompt] = r.json()["generated_texts"][0]
+def post(url: str, i: int) -> requests.Response:
+    kind, payload, _ = job(i)
+    if kind == "bad":
+        body, _, _ = payload
+        kw = {"data": body, "headers": {"Content-Type": "application/json"}} if isinstance(body, bytes) else {}
+        return requests.post(f"{url}/generate", json=None if kw else body, timeout=600, **kw)
+    if kind == "stream":
+        return requests.post(f"{url}/generate_stream", json={"prompt": payload, "max_tokens": MAX_TOKENS}, timeout=600)
+    return requests.post(f"{url}/generate", json={"prompts": payload, "max_tokens": MAX_TOKENS}, timeout=600)
 
-    answered = 0
-    answered_lock = threading.Lock()
-    load_running = threading.Event()  # enough answers seen: start the rolling restart
+
+def test_a_rolling_restart_under_load_loses_and_crosses_nothing(cluster):
+    def alone(prompts: list[str], url: str) -> list[str]:
+        """What each prompt completes to on its own (greedy, float32: the same inside any batch),
+        one request at a time to one replica."""
+        with requests.Session() as session:
+            texts = []
+            for prompt in prompts:
+                r = session.post(f"{url}/generate", json={"prompts": [prompt], "max_tokens": MAX_TOKENS}, timeout=300)
+                assert r.status_code == 200, r.text
+                texts += r.json()["generated_texts"]
+        return texts
+
+    with ThreadPoolExecutor(REPLICAS) as pool:  # half the prompts each: neither replica batches two
+        halves = [PROMPTS[k::REPLICAS] for k in range(REPLICAS)]
+        texts = pool.map(alone, halves, cluster.replica_urls)
+        expected = {p: t for half, out in zip(halves, texts, strict=True) for p, t in zip(half, out, strict=True)}
+
+    # The load is continuous: THREADS senders keep sending from before the rolling restart until
+    # it has ended, then AFTER more, so the test lasts as long as the restart and each replica
+    # holds work whenever it gets SIGTERM.
+    lock = threading.Lock()
+    sent, answered, after_left = 0, 0, AFTER
+    load_running = threading.Event()  # THREADS answers seen (or a sender failed): start the restart
+    rolling = threading.Event()
     restart_done = threading.Event()
     restart: dict = {}
+    failures: list[BaseException] = []
 
-    def send(i: int):
+    def next_job() -> tuple[int, str] | None:
+        """The next request's number and phase, or None once AFTER have gone after the restart."""
+        nonlocal sent, after_left
+        with lock:
+            if restart_done.is_set():
+                if after_left == 0:
+                    return None
+                after_left -= 1
+                phase = "after"
+            else:
+                phase = "during" if rolling.is_set() else "before"
+            sent += 1
+            return sent - 1, phase
+
+    def sender() -> list[tuple[int, str, requests.Response]]:
         nonlocal answered
-        if i >= REQUESTS - HELD_BACK:
-            assert restart_done.wait(900), "the rolling restart did not end"
-        kind, payload, _ = job(i)
-        if kind == "bad":
-            body, _, _ = payload
-            kw = {"data": body, "headers": {"Content-Type": "application/json"}} if isinstance(body, bytes) else {}
-            r = requests.post(f"{cluster.url}/generate", json=None if kw else body, timeout=600, **kw)
-        elif kind == "stream":
-            r = requests.post(
-                f"{cluster.url}/generate_stream", json={"prompt": payload, "max_tokens": MAX_TOKENS}, timeout=600
-            )
-        else:
-            r = requests.post(
-                f"{cluster.url}/generate", json={"prompts": payload, "max_tokens": MAX_TOKENS}, timeout=600
-            )
-        with answered_lock:
-            answered += 1
-            if answered >= THREADS:
-                load_running.set()
-        return r
+        replies = []
+        try:
+            while (picked := next_job()) is not None:
+                i, phase = picked
+                replies.append((i, phase, post(cluster.url, i)))
+                with lock:
+                    answered += 1
+                    if answered >= THREADS:
+                        load_running.set()
+        except BaseException as e:
+            failures.append(e)
+            load_running.set()
+            raise
+        return replies
 
     def roll():
         try:
             assert load_running.wait(600)
+            if failures:  # the load broke before the restart: nothing to restart under
+                return
+            rolling.set()
             started = time.monotonic()
             out = subprocess.run(
                 ["make", "rolling-restart"],
@@ -228,13 +241,17 @@ def test_a_rolling_restart_under_load_loses_and_crosses_nothing(cluster):
     roller = threading.Thread(target=roll)
     roller.start()
     with ThreadPoolExecutor(THREADS) as pool:
-        replies = list(pool.map(send, range(REQUESTS)))
+        senders = [pool.submit(sender) for _ in range(THREADS)]
+        replies = sorted(r for f in senders for r in f.result())  # raises what a sender raised
     roller.join(900)
 
+    phases = {phase: sum(p == phase for _, p, _ in replies) for phase in ("before", "during", "after")}
+    assert phases["before"] >= THREADS and phases["during"] > 0 and phases["after"] == AFTER, phases
+    assert [i for i, _, _ in replies] == list(range(sent)), "a request got no reply"
     assert restart.get("rc") == 0, restart.get("output")
     counts = {"generate": 0, "stream": 0, "bad": 0, "retried": 0}
     replicas_seen = set()
-    for i, r in enumerate(replies):
+    for i, _, r in replies:
         kind, payload, prompt_index = job(i)
         counts[kind] += 1
         upstreams = [u.strip() for u in r.headers.get("X-Replica", "").split(",") if u.strip()]
@@ -253,6 +270,7 @@ def test_a_rolling_restart_under_load_loses_and_crosses_nothing(cluster):
             assert "".join(e.get("token", "") for e in events) == expected[PROMPTS[prompt_index]], (i, r.text)
             assert len({e["sequence_id"] for e in events}) == 1
     assert replicas_seen == {u.removeprefix("http://") for u in cluster.replica_urls}, replicas_seen
+    assert sent >= 10 * len(BAD), sent  # job() sent each bad input
 
     drains = {}
     for i in range(1, REPLICAS + 1):
@@ -263,7 +281,7 @@ def test_a_rolling_restart_under_load_loses_and_crosses_nothing(cluster):
         finished, abandoned = map(int, lines[0])
         assert abandoned == 0 and finished > 0, (i, lines)  # it held work at SIGTERM, and finished it all
         drains[f"replica{i}"] = finished
-    print(f"\ncluster: {counts}, drained sequences {drains}, rolling restart {restart['seconds']:.1f}s")
+    print(f"\ncluster: {counts}, {phases}, drained sequences {drains}, rolling restart {restart['seconds']:.1f}s")
     print(restart["output"])
     cluster.stop()
     # every stop (two in the rolling restart, two at the end) was a drain that exited 0

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import requests
 
+from deploy.server import free_port_run
 from tests.conftest import wait_until
-from tests.test_cluster import free_port_run, healthy
+from tests.test_cluster import healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 HALF_OPEN = 500
