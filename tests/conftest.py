@@ -232,20 +232,17 @@ def worker(runner):
 # module does (a module's own module-scoped server then starts once). The groups go out longest
 # first (LPT), so that no long group starts while the other worker runs out of work (the rolling
 # restart once ran last, alone, for 280 s): COST_S holds each module's seconds (every test and
-# fixture of it, summed over both workers) from a run on the AMD EPYC (Zen 3) here on 2026-12-02,
-# the machine otherwise busy, so about twice a quiet run's; only the order depends on them, and a
-# module not named counts 1 s a test. `make test` passes --no-loadscope-reorder, since xdist
+# fixture of it, summed over both workers) from a quiet run on a warm tree on the AMD EPYC (Zen 3)
+# here, 2026-12-02 (test_static_compile's without a second compile); only the order depends on
+# them, and a module not named counts 1 s a test. `make test` passes --no-loadscope-reorder, since xdist
 # would otherwise send the groups with the most tests first, whatever they cost.
 SHARED_FIXTURES = ("shared_server", "app", "runner_fp32", "static_server")
 COST_S = {
-    "test_structured": 620, "test_tools": 600, "test_eval": 565, "test_cluster": 520, "test_sampling": 480,
-    "test_page": 70, "test_static_compile": 290, "test_openai": 290, "test_profile": 195, "test_admission": 190,
-    "test_bench_smoke": 165, "test_drain": 130, "test_runner": 85, "test_openai_fields": 85,
-    "test_slow_clients": 70, "test_echo": 65, "test_isolation": 60, "test_vllm": 55, "test_worker": 50,
-    "test_streaming": 45, "test_e2e": 35, "test_api": 30, "test_context": 20, "test_race": 15,
-    "test_fuzz": 180,  # added after that run: its 1.5 min on the busy machine, doubled like the rest
-    # test_page since it moved onto shared_server (was 345 with two servers of its own): its calls
-    # and browsers, about 35 s alone on the busy machine on 2026-12-02, doubled like the rest
+    "test_structured": 221, "test_tools": 194, "test_cluster": 185, "test_sampling": 164, "test_eval": 129,
+    "test_openai": 90, "test_static_compile": 90, "test_drain": 83, "test_profile": 62, "test_page": 62,
+    "test_fuzz": 51, "test_streaming": 45, "test_admission": 42, "test_runner": 38, "test_bench_smoke": 29,
+    "test_echo": 28, "test_isolation": 24, "test_openai_fields": 24, "test_slow_clients": 24, "test_vllm": 23,
+    "test_worker": 16, "test_api": 16, "test_context": 14, "test_e2e": 12,
 }  # fmt: skip
 
 

@@ -27,7 +27,10 @@ SMALL = {"max_input_tokens": 24, "max_new_tokens_limit": 40}  # 64: one cache le
 
 
 @pytest.fixture(scope="module")
-def compiled(model_path) -> Runner:
+def compiled(model_path, runner_fp32) -> Runner:
+    # `runner_fp32` (the session's, loaded anyway) puts every test of this runner in its xdist
+    # group (tests/conftest.py), so that the module compiles once: the service test below, in a
+    # group of its own, compiled it again on the other worker (98 s there, 2026-12-02)
     runner = Runner(static_settings(model_path, dtype="float32", static_compile="1", batch_size=4, **SMALL))
     # compiling patches torch process-wide: not while another test's vLLM engine builds or steps
     with fence.model_work(), fence.static_round():
