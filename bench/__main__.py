@@ -170,12 +170,14 @@ class Bench:
         self.res["fidelity"] = [show.cells(row) for row in self.profiled(speed_always=True)["rows"]]
 
     def profile(self) -> None:
-        """The stored profile beside a fresh measurement of every candidate it found faithful."""
+        """The stored profile beside a fresh measurement of every candidate it did not rule out
+        (those its budget cut short too: `auto`'s choice must be near the fastest faithful one,
+        not only near the fastest the budget reached)."""
         stored = store.load(store.machine_key(self.model_path), Config.from_env().profile_dir)
         if stored is None:
             raise RuntimeError("no stored profile for this machine: run `python -m batcher.profile --measure`")
-        faithful = {(r["engine"], r["dtype"], r["eager"]) for r in stored["rows"] if choose.faithful(r)}
-        self.res["profile"] = show.beside(stored, self.profiled(only=faithful))
+        todo = {(r["engine"], r["dtype"], r["eager"]) for r in stored["rows"] if not choose.ruled_out(r)}
+        self.res["profile"] = show.beside(stored, self.profiled(only=todo))
 
     def startup(self) -> None:
         """Cold (a fresh COMPILE_CACHE_DIR) then warm (the same again), the service's settings from the

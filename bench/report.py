@@ -24,7 +24,7 @@ TITLES = {
     "wait_policies": "Admission under 2x load: a deadline (X-Max-Queue-Ms) against waiting in the queue",
     "sweep": "Batch-size sweep: one request on /generate (VLLM_ENABLED=0), a fresh service each",
     "fidelity": "Fidelity and decode speed, each configuration in its own process",
-    "profile": "The machine profile: stored beside a fresh measurement of its faithful candidates",
+    "profile": "The machine profile: stored beside a fresh measurement of every candidate it did not rule out",
     "startup": "Start-up, cold then warm (seconds since gunicorn was launched)",
     "targets": "Targets",
     "phases": "Phases",

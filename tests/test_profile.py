@@ -74,6 +74,19 @@ def test_an_explicit_knob_wins():
     assert choose.resolve(profile(slow), "static", "auto", False)[:2] == ("float32", False)
 
 
+def test_the_bench_measures_again_all_but_what_was_measured_unfaithful():
+    bf16 = row("vllm", "bfloat16", True, (0.5, 0.5, 1.0), prefix=0.61, france=False)
+    stopped = {**bf16, "status": "not faithful: France wrong after 4/20 prompts", "of": 4}
+    after_it = {**bf16, "eager": False, "status": "not run: bfloat16 eager was not faithful"}
+    cut_short = [
+        {"engine": "vllm", "dtype": "float16", "eager": False, "status": "timed out: budget spent before it started"},
+        {"engine": "vllm", "dtype": "float32", "eager": False, "status": "timed out after 28 s (its cap: 28 s)"},
+        {**FP32, "status": "too slow: projected 89 s, over its cap of 60 s"},  # its answers were faithful
+    ]
+    assert all(choose.ruled_out(r) for r in (bf16, stopped, after_it))
+    assert not any(choose.ruled_out(r) for r in (FP32, *cut_short))
+
+
 def test_the_cache_key_misses_on_a_changed_cpu_flag_or_torch_version(tmp_path, model_path, monkeypatch):
     key = store.machine_key(model_path)
     assert key["cpu"].get("flags") and key["torch"] and key["model"]["bytes"]

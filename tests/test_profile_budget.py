@@ -116,15 +116,32 @@ def test_the_speed_runs_stop_where_the_rest_would_pass_the_cap(clock):
     assert len(done["runs"]) == 2 and fake.calls == [20, 1, 4]
 
 
-def test_the_order_is_the_reference_then_what_can_win():
+def measured(engine_: str, dtype: str, eager: bool, one_prompt_s: float, prefix: float = 1.0) -> dict:
+    return {
+        "engine": engine_, "dtype": dtype, "eager": eager, "status": "measured", "exact": 20, "of": 20,
+        "prefix": prefix, "france": True, "start_s": 1.0, "speed": {"1": one_prompt_s, "4": one_prompt_s},
+    }  # fmt: skip
+
+
+def test_the_order_is_every_eager_row_then_each_engines_best_compiled_one():
     order = measure.candidates()
     assert order[0] == ("static", "float32", True) and len(set(order)) == 12
-    labels = [f"{e} {d} {'eager' if eager else 'compiled'}" for e, d, eager in order]
-    assert labels.index("vllm float32 eager") < labels.index("vllm float32 compiled")
-    assert labels.index("vllm float32 compiled") < labels.index("vllm bfloat16 eager")  # bf16: never faithful yet
-    for engine_, dtype, eager in order:  # a compiled row comes after the eager row it depends on
-        if not eager:
-            assert order.index((engine_, dtype, True)) < order.index((engine_, dtype, False))
+    todo, rows, taken = list(order), [], []
+    # eager rows as they come: vLLM fp16 the fastest faithful, static bf16 the fastest but unfaithful
+    one_prompt = {("static", "float32"): 0.9, ("vllm", "float32"): 0.8, ("static", "float16"): 0.7}
+    one_prompt |= {("vllm", "float16"): 0.6, ("static", "bfloat16"): 0.5, ("vllm", "bfloat16"): 0.4}
+    while todo:
+        candidate = measure.next_candidate(todo, rows)
+        todo.remove(candidate)
+        taken.append(candidate)
+        engine_, dtype, eager = candidate
+        faithful = dtype != "bfloat16"
+        rows.append(measured(*candidate, one_prompt.get((engine_, dtype), 0.3), prefix=1.0 if faithful else 0.6))
+    labels = [choose.label(dict(zip(("engine", "dtype", "eager"), c, strict=True))) for c in taken]
+    assert labels[:6] == [f"{e} {d} eager" for d in measure.DTYPES for e in ("static", "vllm")]
+    # then what can win: each engine's fastest faithful eager row compiled, vLLM's first
+    assert labels[6:8] == ["vllm float16 compiled", "static float16 compiled"]
+    assert set(labels[8:]) == {f"{e} {d} compiled" for e in ("static", "vllm") for d in ("float32", "bfloat16")}
 
 
 def test_what_is_not_run_says_why():
@@ -191,10 +208,11 @@ def test_each_candidate_has_its_cap_and_the_budget_decides_what_starts(model_pat
     assert children.caps["static float16 eager"] == 60  # every other: CAP_SHARE of it
     # 10 + 40 + 10 s, then vLLM fp16 eager is killed at its 60 s cap: 30 s left for the rest
     assert rows["vllm float16 eager"]["status"] == "timed out after 60 s (its cap: 60 s)"
-    assert children.caps["vllm float32 compiled"] == 20  # what the budget had left
-    assert children.caps["static bfloat16 eager"] == 10
-    assert rows["vllm bfloat16 eager"]["status"] == "timed out: budget spent before it started"
-    assert rows["static float16 compiled"]["status"] == "timed out: budget spent before it started"
+    assert children.caps["static bfloat16 eager"] == 30  # what the budget had left
+    assert children.caps["vllm bfloat16 eager"] == 20
+    # the eager rows done, vLLM's fastest faithful one compiled, in the 10 s left
+    assert children.caps["vllm float32 compiled"] == 10 and rows["vllm float32 compiled"]["status"] == "measured"
+    assert rows["static float32 compiled"]["status"] == "timed out: budget spent before it started"
     assert rows["vllm float16 compiled"]["status"].startswith("not run: float16 eager timed out")
     assert rows["vllm float32 eager"]["speed"] == {"1": 1.0, "4": 1.0, "64": 1.0}
     assert choose.resolve(result, "vllm", "auto", None)[:2] == ("float32", True)  # as fast, and starts sooner

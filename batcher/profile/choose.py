@@ -23,6 +23,15 @@ def faithful(row: dict) -> bool:
     return row.get("status") == "measured" and row.get("prefix", 0) >= MIN_PREFIX and bool(row.get("france"))
 
 
+def ruled_out(row: dict) -> bool:
+    """Its answers were measured and missed the bar (in full, or stopped once out of reach), or it
+    was not run for its eager row's: measuring it again cannot make it eligible. A row the budget
+    or its cap cut short is not ruled out."""
+    status = row.get("status", "")
+    measured_unfaithful = status == "measured" and not faithful(row)
+    return measured_unfaithful or status.startswith("not faithful") or status.endswith("was not faithful")
+
+
 def scores(rows: list[dict]) -> list[float]:
     """Each row's weighted time, every size's seconds divided by the fastest row's at that size:
     1.0 is fastest at every size; lower is better."""
