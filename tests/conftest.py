@@ -56,14 +56,14 @@ def static_settings(model_path: str, **config) -> StaticSettings:
 @pytest.fixture(scope="session")
 def shared_server(tmp_path_factory):
     """One real gunicorn, both engines ready, for the modules that only send it requests
-    (test_e2e, test_openai, test_openai_fields, test_structured, test_eval, test_fuzz, test_page):
+    (test_e2e, test_openai, test_openai_fields, test_structured, test_tools, test_fuzz, test_page):
     each start loads both engines, a minute or more on 2 cores, so it starts once, when a module
     first asks, and stops at the end of the session. Its settings satisfy all of them: two API
     keys (test_openai checks that either one is taken, test_page that the page asks for one), at
     most 8 prompts a request (test_openai's 413 at 9), and PINNED's fp32 eager on both engines:
-    its tests compare the two engines token for token and test_eval their loglikelihoods to 1e-3,
-    while the profile may pick a different dtype per engine (on the AMD EPYC here, 2026-12-01:
-    static fp16, vLLM fp32), so the defaults are not what they test. A test that changes a
+    its tests compare the two engines token for token, while the profile may pick a different
+    dtype per engine (on the AMD EPYC here, 2026-12-01: static fp16, vLLM fp32), so the defaults
+    are not what they test (test_eval's own server runs at the defaults). A test that changes a
     server's state or needs other settings starts its own; one that reads the log or the metrics
     reads what its own requests added (`Server.log_mark`)."""
     log = tmp_path_factory.mktemp("shared") / "server.log"
