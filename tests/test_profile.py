@@ -7,7 +7,7 @@ import dataclasses
 import time
 
 from batcher.device import pick
-from batcher.profile import choose, measure, session, store
+from batcher.profile import choose, measure, session, show, store
 from batcher.static.runner import Runner
 from service.config import Config
 
@@ -85,6 +85,19 @@ def test_the_bench_measures_again_all_but_what_was_measured_unfaithful():
     ]
     assert all(choose.ruled_out(r) for r in (bf16, stopped, after_it))
     assert not any(choose.ruled_out(r) for r in (FP32, *cut_short))
+
+
+def test_the_bench_judges_within_10_percent_of_the_best_weighted_time():
+    # the Xeon's static rows, 2026-12-02: fp32 eager fastest at one prompt, fp16 compiled at four
+    fp32 = row("static", "float32", True, (0.605, 1.004))
+    fp16 = row("static", "float16", True, (0.683, 0.955))
+    compiled = row("static", "float16", False, (0.829, 0.832))
+    stored = profile(row("static", "float16", True, (0.658, 0.886), start=0.8), fp32, compiled)
+    fresh = {r["candidate"]: r for r in show.beside(stored, profile(fp32, fp16, compiled))}
+    assert fresh["static float32 eager"]["fresh weighted time (1.0 = fastest faithful)"] == 1.0
+    chosen = fresh["static float16 eager (auto's choice)"]
+    assert chosen["fresh weighted time (1.0 = fastest faithful)"] == 1.062 and chosen["within 10%"] == "yes"
+    assert fresh["static float16 compiled"]["within 10%"] == "no"
 
 
 def test_the_cache_key_misses_on_a_changed_cpu_flag_or_torch_version(tmp_path, model_path, monkeypatch):

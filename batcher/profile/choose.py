@@ -35,6 +35,8 @@ def ruled_out(row: dict) -> bool:
 def scores(rows: list[dict]) -> list[float]:
     """Each row's weighted time, every size's seconds divided by the fastest row's at that size:
     1.0 is fastest at every size; lower is better."""
+    if not rows:
+        return []
     sizes = [n for n in WEIGHTS if all(n in row.get("speed", {}) for row in rows)]
     total = sum(WEIGHTS[n] for n in sizes) or 1.0
     best = {n: min(row["speed"][n] for row in rows) or 1e-9 for n in sizes}

@@ -60,7 +60,9 @@ def beside(stored: dict, fresh: dict) -> list[dict]:
         chosen = choose.label({"engine": engine, "dtype": dtype, "eager": eager})
         rows = [r for r in fresh["rows"] if r["engine"] == engine and r.get("status") == "measured"]
         faithful = [r for r in rows if choose.faithful(r)]
-        score = dict(zip(map(choose.label, faithful), choose.scores(faithful), strict=True))
+        # relative to the best row's score: no row need be the fastest at every size
+        raw = choose.scores(faithful)
+        score = {choose.label(r): value / min(raw, default=1) for r, value in zip(faithful, raw, strict=True)}
         for row in rows:
             then = stored_rows.get(choose.label(row), {}).get("speed", {})
             now = cells(row)
