@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import threading
@@ -66,12 +67,22 @@ def shared_server(tmp_path_factory):
     are not what they test (test_eval's own server runs at the defaults). A test that changes a
     server's state or needs other settings starts its own; one that reads the log or the metrics
     reads what its own requests added (`Server.log_mark`)."""
-    log = tmp_path_factory.mktemp("shared") / "server.log"
-    srv = Server(log, {"API_KEY": f"other-key,{KEY}", "MAX_PROMPTS_PER_REQUEST": "8", "THREADS": "32", **PINNED})
+    env = {"API_KEY": f"other-key,{KEY}", "MAX_PROMPTS_PER_REQUEST": "8", "THREADS": "32", **PINNED}
+    with serving(tmp_path_factory.mktemp("shared"), env) as srv:
+        yield srv
+
+
+@contextlib.contextmanager
+def serving(folder, env: dict[str, str], ready=("static", "vllm"), disabled=()):
+    """A real gunicorn (deploy/server.py) logging to `folder`/server.log, with `env` on top of
+    ours, once the engines in `ready` are ready and those in `disabled` disabled; stopped after."""
+    srv = Server(folder / "server.log", env)
     try:
         health = srv.wait_ready(900)
-        for name in ("static", "vllm"):
+        for name in ready:
             assert health["engines"][name]["status"] == "ready", (health, srv.log_text()[-3000:])
+        for name in disabled:
+            assert health["engines"][name]["status"] == "disabled", health
         yield srv
     finally:
         srv.stop()
@@ -99,14 +110,8 @@ def static_server(tmp_path_factory):
         "REQUEST_TIMEOUT_S": "3600",
         "TORCH_THREADS": "1",
     }
-    srv = Server(tmp_path_factory.mktemp("static") / "server.log", env)
-    try:
-        health = srv.wait_ready(600)
-        assert health["engines"]["static"]["status"] == "ready", srv.log_text()[-3000:]
-        assert health["engines"]["vllm"]["status"] == "disabled", health
+    with serving(tmp_path_factory.mktemp("static"), env, ready=("static",), disabled=("vllm",)) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="session")

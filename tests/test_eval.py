@@ -27,8 +27,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from deploy.server import ROOT, Server
-from tests.conftest import KEY, PINNED
+from deploy.server import ROOT
+from tests.conftest import KEY, PINNED, serving
 
 TASKS = ROOT / "tests" / "eval"
 MODEL = "SmolLM2-135M-Instruct"
@@ -48,14 +48,8 @@ def server(tmp_path_factory):
     not the session's PINNED fp32 eager), both engines ready, an API key set as a user's would be;
     its own xdist group, so lm-eval's minutes run beside the shared server's tests."""
     env = {"API_KEY": KEY, "THREADS": "16", **{name: "auto" for name in PINNED}}
-    srv = Server(tmp_path_factory.mktemp("eval") / "server.log", env)
-    try:
-        health = srv.wait_ready(900)
-        for name in BASES:
-            assert health["engines"][name]["status"] == "ready", (health, srv.log_text()[-3000:])
+    with serving(tmp_path_factory.mktemp("eval"), env) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")
