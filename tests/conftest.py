@@ -8,16 +8,20 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import pytest
 
 from batcher import fence
 from batcher.checkpoint import resolve_model
 from batcher.settings import StaticSettings
-from batcher.static.runner import Runner
 from deploy.server import Server
 from service import create_app, shutdown
 from service.config import Config
+
+if TYPE_CHECKING:  # torch and transformers load in the fixtures that need them: xdist's controller
+    # loads this file too, alone, before any worker starts (11 s of imports on one core here)
+    from batcher.static.runner import Runner
 
 KEY = "test-key"  # one of the shared server's two API keys (`shared_server`)
 # What the tests pin where they do not test the defaults (an operator's environment still wins):
@@ -88,6 +92,23 @@ def serving(folder, env: dict[str, str], ready=("static", "vllm"), disabled=()):
         srv.stop()
 
 
+@pytest.fixture(scope="session")
+def served(tmp_path_factory):
+    """`make serve` at this machine's defaults (every `auto` from its profile, not PINNED: what a
+    user runs and scores), both engines ready, an API key set: for lm-eval (test_eval), the slow
+    clients (test_slow_clients) and the drain on Ctrl-C (test_drain), which stops it and so runs
+    last in their group (the `last` mark). One start for the three, on the path a user takes."""
+    from tests.make_serve import MakeServe
+
+    env = {"API_KEY": KEY, "CLIENT_TIMEOUT_S": "600", "GRACEFUL_TIMEOUT": "120", **{n: "auto" for n in PINNED}}
+    srv = MakeServe(tmp_path_factory.mktemp("serve"), env)
+    try:
+        srv.wait_ready(900)
+        yield srv
+    finally:
+        srv.stop()
+
+
 STATIC_SERVER_QUEUE = 9  # `static_server`'s MAX_QUEUE, in sequences
 
 
@@ -117,6 +138,8 @@ def static_server(tmp_path_factory):
 @pytest.fixture(scope="session")
 def runner_fp32(model_path) -> Runner:
     """float32, so that padded and unpadded runs can be compared token for token."""
+    from batcher.static.runner import Runner
+
     return Runner(static_settings(model_path, dtype="float32"))
 
 
@@ -241,7 +264,7 @@ def worker(runner):
 # here, 2026-12-02 (test_static_compile's without a second compile); only the order depends on
 # them, and a module not named counts 1 s a test. `make test` passes --no-loadscope-reorder, since xdist
 # would otherwise send the groups with the most tests first, whatever they cost.
-SHARED_FIXTURES = ("shared_server", "app", "runner_fp32", "static_server")
+SHARED_FIXTURES = ("shared_server", "app", "runner_fp32", "static_server", "served")
 COST_S = {
     "test_structured": 221, "test_tools": 194, "test_cluster": 185, "test_sampling": 164, "test_eval": 129,
     "test_openai": 90, "test_static_compile": 90, "test_drain": 83, "test_profile": 62, "test_page": 62,
@@ -275,7 +298,8 @@ def pytest_collection_modifyitems(config, items):
         names = item.fixturenames  # the whole closure: a fixture's own fixtures too
         group[item] = next((name for name in SHARED_FIXTURES if name in names), item.module.__name__)
         total[group[item]] = total.get(group[item], 0.0) + costs[item]
-    items.sort(key=lambda item: -total[group[item]])
+    # a group's tests stay together; one marked `last` (it stops the group's server) goes after the rest
+    items.sort(key=lambda item: (-total[group[item]], group[item], item.get_closest_marker("last") is not None))
     for item in items:
         item.add_marker(pytest.mark.xdist_group(group[item]))
         if os.environ.get("PYTEST_XDIST_WORKER"):

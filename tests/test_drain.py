@@ -1,14 +1,14 @@
 """Drain on SIGTERM: stop admitting, finish what is held, then exit 0.
 
-The engine alone (a gated round, so the order of events is fixed), then one real gunicorn replica
-with both engines: a running round, a queued one and an open vLLM stream, all answered in full.
+The engine alone (a gated round, so the order of events is fixed), then `make serve` with both
+engines (tests/conftest.py's `served`) stopped as a user stops it: a running round, a queued one
+and an open vLLM stream, all answered in full, and nothing left running.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import signal
 import threading
 
 import pytest
@@ -16,8 +16,8 @@ import requests
 
 from batcher.errors import ShuttingDown
 from batcher.sequence import Status
-from deploy.server import Server
-from tests.conftest import wait_until
+from tests.conftest import auth, wait_until
+from tests.make_serve import listening
 from tests.test_worker import GATE, submit, wait
 
 
@@ -59,70 +59,51 @@ def test_what_is_still_running_when_the_drain_time_is_up_is_abandoned(worker, ru
     assert worker.abandoned == 2
 
 
-# --- one replica under gunicorn --------------------------------------------------------------
+# --- `make serve` stopped as a user stops it ---------------------------------------------------
 
 
-@pytest.fixture
-def replica(tmp_path, monkeypatch):
-    monkeypatch.setenv("VLLM_ENFORCE_EAGER", "1")  # vLLM up in ~15 s instead of ~60 s
-    monkeypatch.setenv("GRACEFUL_TIMEOUT", "120")  # the drain must not be cut short here
-    srv = Server(tmp_path / "replica.log")
-    try:
-        wait_until(
-            lambda: srv.engine("vllm").get("status") in ("ready", "failed") or srv.proc.poll() is not None,
-            600,
-            "both engines",
-        )
-        assert srv.engine("vllm").get("status") == "ready", srv.log_text()[-3000:]
-        yield srv
-    finally:
-        srv.stop()
-
-
-def post(server, path, body, **kw):
-    return requests.post(f"{server.url}{path}", json=body, timeout=300, **kw)
+def post(url, path, body, **kw):
+    return requests.post(f"{url}{path}", json=body, headers=auth(), timeout=300, **kw)
 
 
 def sse(lines) -> list[dict]:
     return [json.loads(line[6:]) for line in lines if line.startswith(b"data: ")]
 
 
-def test_sigterm_drains_a_running_round_a_queued_one_and_an_open_stream_then_exits_0(replica):
-    replies: dict[str, requests.Response] = {}
+@pytest.mark.last  # it stops `served`, which test_eval and test_slow_clients share
+def test_ctrl_c_drains_a_running_round_a_queued_one_and_an_open_stream_then_stops_clean(served):
+    replica, replies = served.replica_url, {}  # gunicorn itself: nginx stops after it
 
     def send(name, path, body):
         replies[name] = post(replica, path, body)
 
-    static = replica.engine("static")
+    static = served.engine("static")
     # a round of four long prompts, then a fifth prompt that waits for the next round
     running = threading.Thread(
         target=send,
         args=("running", "/generate", {"prompts": ["Tell me a story"] * 4, "max_tokens": 120, "ignore_eos": True}),
     )
     running.start()
-    wait_until(lambda: replica.engine("static").get("rounds", 0) > static["rounds"], 60, "the round to start")
+    wait_until(lambda: served.engine("static").get("rounds", 0) > static["rounds"], 60, "the round to start")
     queued = threading.Thread(target=send, args=("queued", "/generate", {"prompts": ["Hi"], "max_tokens": 4}))
     queued.start()
-    wait_until(lambda: replica.engine("static").get("queued", 0) >= 1, 60, "the second round to wait")
-    stream = post(
-        replica,
-        "/generate_vllm_stream",
-        {"prompt": "Once upon a time", "max_tokens": 60, "ignore_eos": True},
-        stream=True,
-    )
+    wait_until(lambda: served.engine("static").get("queued", 0) >= 1, 60, "the second round to wait")
+    body = {"prompt": "Once upon a time", "max_tokens": 60, "ignore_eos": True}
+    stream = post(replica, "/generate_vllm_stream", body, stream=True)
     lines = stream.iter_lines()
     first = next(line for line in lines if line.startswith(b"data: "))
 
-    replica.proc.send_signal(signal.SIGTERM)
-    wait_until(lambda: replica.health().get("status") == "draining", 30, "/health to say draining")
-    health = requests.get(f"{replica.url}/health", timeout=10)
+    stopper = threading.Thread(target=served.stop)  # SIGTERM to make's group, as Ctrl-C; waits for the end
+    stopper.start()
+    wait_until(lambda: served.health(replica).get("status") == "draining", 30, "/health to say draining")
+    health = requests.get(f"{replica}/health", timeout=10)
     refused = post(replica, "/generate", {"prompts": ["new work"]})
     refused_stream = post(replica, "/generate_stream", {"prompt": "new work"})
 
     rest = sse(lines)  # the open stream runs to its end
     running.join(300)
     queued.join(300)
-    assert replica.proc.wait(120) == 0
+    stopper.join(300)
 
     assert health.status_code == 503 and health.json()["status"] == "draining"
     for r in (refused, refused_stream):
@@ -134,6 +115,14 @@ def test_sigterm_drains_a_running_round_a_queued_one_and_an_open_stream_then_exi
     tokens = sse([first]) + rest
     assert rest[-1] == {"sequence_id": tokens[0]["sequence_id"], "finish_reason": "length", "done": True}
     assert len({e["sequence_id"] for e in tokens}) == 1
-    log = replica.log_text()
+    log = served.log_text()
     assert re.search(r"static engine drained in [\d.]+s: 5 sequences finished, 0 abandoned", log), log[-3000:]
     assert re.search(r"vllm engine drained in [\d.]+s: 1 sequences finished, 0 abandoned", log), log[-3000:]
+    # nothing left running: neither nginx nor gunicorn listens, and under supervisord both exited 0
+    assert not listening(served.port) and not listening(served.port + 1)
+    if served.nginx:
+        stopped = (served.run_dir / "supervisord.log").read_text()
+        assert "stopped: replica1 (exit status 0)" in stopped and "stopped: nginx (exit status 0)" in stopped
+        assert not (served.run_dir / "supervisord.pid").exists()  # supervisord stopped both and left
+    else:
+        assert "Worker exiting" in log and "Shutting down: Master" in log

@@ -28,7 +28,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from deploy.server import ROOT
-from tests.conftest import KEY, PINNED, serving
+from tests.conftest import KEY
 
 TASKS = ROOT / "tests" / "eval"
 MODEL = "SmolLM2-135M-Instruct"
@@ -43,13 +43,11 @@ TOLERANCE = {"float32": 1e-3, "float16": 0.1, "bfloat16": 0.8}
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """A gunicorn of its own at the service's defaults (every `auto` from this machine's profile,
-    not the session's PINNED fp32 eager), both engines ready, an API key set as a user's would be;
-    its own xdist group, so lm-eval's minutes run beside the shared server's tests."""
-    env = {"API_KEY": KEY, "THREADS": "16", **{name: "auto" for name in PINNED}}
-    with serving(tmp_path_factory.mktemp("eval"), env) as srv:
-        yield srv
+def server(served):
+    """`make serve` at the service's defaults (tests/conftest.py's `served`: every `auto` from this
+    machine's profile, not the session's PINNED fp32 eager), lm-eval going through its nginx as a
+    user's would; its own xdist group, so lm-eval's minutes run beside the shared server's tests."""
+    return served
 
 
 @pytest.fixture(scope="module")

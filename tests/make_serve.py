@@ -1,0 +1,80 @@
+"""`make serve` as a user runs it, for the tests that need the service at this machine's defaults:
+nginx on a free loopback port in front of one gunicorn on the next, under supervisord (without
+nginx, plain gunicorn on the port: deploy/cluster.py). Started in its own session; `stop()` is
+the user's Ctrl-C, a SIGTERM to the whole group, and a SIGKILL to it only if that does not end it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import requests
+
+from deploy.cluster import find_tool
+from deploy.server import ROOT, free_port_run
+
+
+def listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    except ConnectionRefusedError:
+        return False
+    return True
+
+
+class MakeServe:
+    def __init__(self, run_dir: Path, env: dict[str, str]):
+        self.run_dir, self.port = run_dir, free_port_run(2)  # nginx on port, gunicorn on port + 1
+        self.nginx = find_tool("nginx") is not None
+        self.url = f"http://127.0.0.1:{self.port}"  # what a client calls
+        self.replica_url = f"http://127.0.0.1:{self.port + 1}" if self.nginx else self.url  # gunicorn itself
+        self.log_path = run_dir / "make-serve.log"  # make's, supervisord's and the replica's output
+        env = {**os.environ, "HOST": "127.0.0.1", "PORT": str(self.port), "SERVE_DIR": str(run_dir), **env}
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                ["make", "serve"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    def health(self, url: str | None = None) -> dict:
+        try:
+            return requests.get(f"{url or self.url}/health", timeout=5).json()
+        except (requests.RequestException, ValueError):
+            return {}
+
+    def engine(self, name: str) -> dict:
+        """One engine's /health entry, asked of gunicorn itself (nginx may be stopping)."""
+        return self.health(self.replica_url).get("engines", {}).get(name, {})
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout_s: float) -> dict:
+        """Until both engines are ready through the front door; its /health."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            engines = (health := self.health()).get("engines", {})
+            if all(engines.get(name, {}).get("status") == "ready" for name in ("static", "vllm")):
+                return health
+            failed = [name for name, e in engines.items() if e.get("status") in ("failed", "disabled")]
+            if self.proc.poll() is not None or failed or time.monotonic() > deadline:
+                raise RuntimeError(f"make serve not ready ({health}):\n{self.log_text()[-3000:]}")
+            time.sleep(0.5)
+
+    def stop(self, timeout_s: float = 180) -> None:
+        """SIGTERM to make's whole group, as Ctrl-C sends its signal: supervisord drains and stops
+        the replica, then nginx (plain gunicorn drains itself); SIGKILL if it does not end."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(30)
+        deadline = time.monotonic() + timeout_s  # make may end before what it started has
+        while (listening(self.port) or listening(self.port + 1)) and time.monotonic() < deadline:
+            time.sleep(0.2)
