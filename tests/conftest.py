@@ -68,7 +68,7 @@ def shared_server(tmp_path_factory):
     most 8 prompts a request (test_openai's 413 at 9), and PINNED's fp32 eager on both engines:
     its tests compare the two engines token for token, while the profile may pick a different
     dtype per engine (on the AMD EPYC here, 2026-12-01: static fp16, vLLM fp32), so the defaults
-    are not what they test (test_eval's own server runs at the defaults). A test that changes a
+    are not what they test (`served`, lm-eval's, runs at the defaults). A test that changes a
     server's state or needs other settings starts its own; one that reads the log or the metrics
     reads what its own requests added (`Server.log_mark`)."""
     env = {"API_KEY": f"other-key,{KEY}", "MAX_PROMPTS_PER_REQUEST": "8", "THREADS": "32", **PINNED}
