@@ -259,18 +259,19 @@ def worker(runner):
 # names its group (the fixture names whose instance costs an engine start or more), else its
 # module does (a module's own module-scoped server then starts once). The groups go out longest
 # first (LPT), so that no long group starts while the other worker runs out of work (the rolling
-# restart once ran last, alone, for 280 s): COST_S holds each module's seconds (every test and
-# fixture of it, summed over both workers) from a quiet run on a warm tree on the AMD EPYC (Zen 3)
-# here, 2026-12-02 (test_static_compile's without a second compile); only the order depends on
-# them, and a module not named counts 1 s a test. `make test` passes --no-loadscope-reorder, since xdist
-# would otherwise send the groups with the most tests first, whatever they cost.
+# restart once ran last, alone, for 280 s; `served`'s group, priced at its old modules' seconds,
+# once left one worker 184 s after the other): COST_S holds each module's seconds (every test and
+# fixture of it, summed over both workers) from a quiet run on a warm tree on the AMD EPYC (Zen 4)
+# here, 2026-12-03; only the order depends on them, and a module not named counts 1 s a test.
+# `make test` passes --no-loadscope-reorder, since xdist would otherwise send the groups with the
+# most tests first, whatever they cost.
 SHARED_FIXTURES = ("shared_server", "app", "runner_fp32", "static_server", "served")
 COST_S = {
-    "test_structured": 221, "test_tools": 194, "test_cluster": 185, "test_sampling": 164, "test_eval": 129,
-    "test_openai": 90, "test_static_compile": 90, "test_drain": 83, "test_profile": 62, "test_page": 62,
-    "test_fuzz": 51, "test_streaming": 45, "test_admission": 42, "test_runner": 38, "test_bench_smoke": 29,
-    "test_echo": 28, "test_isolation": 24, "test_openai_fields": 24, "test_slow_clients": 24, "test_vllm": 23,
-    "test_worker": 16, "test_api": 16, "test_context": 14, "test_e2e": 12,
+    "test_cluster": 180, "test_tools": 130, "test_eval": 126, "test_structured": 103, "test_sampling": 95,
+    "test_profile": 72, "test_openai": 71, "test_static_compile": 67, "test_slow_clients": 46, "test_fuzz": 33,
+    "test_isolation": 30, "test_page": 29, "test_bench_smoke": 28, "test_drain": 27, "test_admission": 23,
+    "test_runner": 20, "test_openai_fields": 18, "test_streaming": 16, "test_echo": 14, "test_vllm": 10,
+    "test_api": 10, "test_worker": 9, "test_context": 8, "test_e2e": 7, "test_race": 5,
 }  # fmt: skip
 
 
