@@ -3,6 +3,7 @@ penalties and filters, and static-vs-vLLM parity with them."""
 
 import json
 import logging
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -32,6 +33,16 @@ def generate(engine, **body):
     r = post(client, path, {"details": True, **body})
     assert r.status_code == 200, r.json
     return r.json
+
+
+def generate_at_once(engine, *bodies: dict) -> list[dict]:
+    """`generate` for each body, all sent at once, so that the engine batches them (a static round
+    takes the rows waiting when it starts; vLLM admits each at its next step): each row keeps its
+    own parameters, so what each asserts is what it would be alone, and one round does the work
+    of several. Each from its own client: one Flask test client per thread."""
+    client, *paths = engine
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        return list(pool.map(lambda body: generate((client.application.test_client(), *paths), **body), bodies))
 
 
 def stream_events(engine, **body):
@@ -86,8 +97,11 @@ def test_stop_token_ids_end_the_text_with_reason_stop(engine):
 
 # --- n -----------------------------------------------------------------------------------------
 def test_n_gives_n_texts_per_prompt_grouped_per_prompt(engine):
-    alone = [generate(engine, prompts=[p], max_tokens=8)["generated_texts"][0] for p in (PARIS, STORY)]
-    reply = generate(engine, prompts=[PARIS, STORY], max_tokens=8, n=3)
+    bodies = [{"prompts": [p], "max_tokens": 8} for p in (PARIS, STORY)] + [
+        {"prompts": [PARIS, STORY], "max_tokens": 8, "n": 3}
+    ]
+    *alone, reply = generate_at_once(engine, *bodies)
+    alone = [a["generated_texts"][0] for a in alone]
     assert reply["generated_texts"] == [alone[0]] * 3 + [alone[1]] * 3  # greedy: three equal
     assert len({d["sequence_id"] for d in reply["details"]}) == 6  # each its own sequence
 
@@ -95,15 +109,22 @@ def test_n_gives_n_texts_per_prompt_grouped_per_prompt(engine):
 # --- seed --------------------------------------------------------------------------------------
 def test_the_same_seed_gives_the_same_text_whatever_shares_the_round(engine):
     body = {"max_tokens": 32, "temperature": 1.0, "seed": 1234, "ignore_eos": True}
-    first = generate(engine, prompts=[STORY], **body)["generated_texts"][0]
-    again = generate(engine, prompts=[STORY], **body)["generated_texts"][0]
-    shared = generate(engine, prompts=[PARIS, STORY, "Hi"], **body)
-    other_seed = generate(engine, prompts=[STORY], **{**body, "seed": 4321})["generated_texts"][0]
-    assert first == again == shared["generated_texts"][1]
+    shared = generate(engine, prompts=[PARIS, STORY, "Hi"], **body)  # a round of its own three
     assert len({d["batch_size"] for d in shared["details"]}) == 1 and shared["details"][1]["batch_size"] == 3
+    # then the same seed twice, another seed and n=2, at once: in rounds of their own making
+    first, again, other_seed, n = (
+        reply["generated_texts"]
+        for reply in generate_at_once(
+            engine,
+            {"prompts": [STORY], **body},
+            {"prompts": [STORY], **body},
+            {"prompts": [STORY], **{**body, "seed": 4321}},
+            {"prompts": [STORY], "n": 2, **body},
+        )
+    )
+    assert first == again == [shared["generated_texts"][1]]
     assert other_seed != first
-    n = generate(engine, prompts=[STORY], n=2, **body)["generated_texts"]
-    assert n[0] == first and n[1] != first  # the second of n draws with seed + 1, as vLLM does
+    assert n[0] == first[0] and n[1] != first[0]  # the second of n draws with seed + 1, as vLLM does
 
 
 # --- logprobs ----------------------------------------------------------------------------------
@@ -128,26 +149,29 @@ def test_sampled_logprobs_are_the_models_own_distribution(engine):
 
 
 # --- penalties and filters ---------------------------------------------------------------------
-def repeats(engine, **body) -> int:
-    reply = generate(engine, prompts=[REPETITIVE], max_tokens=40, logprobs=0, ignore_eos=True, **body)
-    ids = [r["token_id"] for r in reply["logprobs"][0]]
-    return len(ids) - len(set(ids))
+def repeats(engine, *penalties: dict) -> list[int]:
+    """How many of the 40 tokens repeat an earlier one, for each of `penalties` (sent at once)."""
+    body = {"prompts": [REPETITIVE], "max_tokens": 40, "logprobs": 0, "ignore_eos": True}
+    replies = generate_at_once(engine, *({**body, **penalty} for penalty in penalties))
+    ids = [[r["token_id"] for r in reply["logprobs"][0]] for reply in replies]
+    return [len(row) - len(set(row)) for row in ids]
 
 
 PENALTIES = [{"presence_penalty": 1.5}, {"frequency_penalty": 1.5}, {"repetition_penalty": 1.5}]
 
 
 def test_each_penalty_makes_a_repetitive_completion_repeat_less(engine):
-    plain = repeats(engine)  # once for the three: a parameter each generated it three times
+    # the plain completion and one per penalty, at once: one round of four on the static engine
+    plain, *penalized = repeats(engine, {}, *PENALTIES)
     assert plain >= 15  # the prompt makes the model loop
-    for penalty in PENALTIES:
-        assert repeats(engine, **penalty) < plain / 2, penalty
+    for penalty, count in zip(PENALTIES, penalized, strict=True):
+        assert count < plain / 2, penalty
 
 
 def test_a_negative_penalty_makes_it_repeat_more(engine):
-    reply = generate(engine, prompts=[STORY], max_tokens=40, logprobs=0, ignore_eos=True)
+    body = {"prompts": [STORY], "max_tokens": 40, "logprobs": 0, "ignore_eos": True}
+    reply, more = generate_at_once(engine, body, {**body, "presence_penalty": -2})
     ids = [r["token_id"] for r in reply["logprobs"][0]]
-    more = generate(engine, prompts=[STORY], max_tokens=40, logprobs=0, ignore_eos=True, presence_penalty=-2)
     more_ids = [r["token_id"] for r in more["logprobs"][0]]
     assert len(set(more_ids)) < len(set(ids))
 
@@ -155,19 +179,22 @@ def test_a_negative_penalty_makes_it_repeat_more(engine):
 def test_logit_bias_and_top_k_min_p_and_min_tokens(engine):
     greedy = generate(engine, prompts=[PARIS], max_tokens=6, logprobs=1)
     first = greedy["logprobs"][0][0]
-    banned = generate(engine, prompts=[PARIS], max_tokens=6, logprobs=0, logit_bias={str(first["token_id"]): -100})
+    # the rest at once, each row with its own parameters
+    banned, forced, top_k, min_p, short, longer = generate_at_once(
+        engine,
+        {"prompts": [PARIS], "max_tokens": 6, "logprobs": 0, "logit_bias": {str(first["token_id"]): -100}},
+        {"prompts": [PARIS], "max_tokens": 3, "logprobs": 0, "logit_bias": {"28": 100}},
+        # only the top token survives either of these: sampling is greedy
+        {"prompts": [PARIS], "max_tokens": 6, "temperature": 1.0, "top_k": 1},
+        {"prompts": [PARIS], "max_tokens": 6, "temperature": 1.0, "min_p": 1.0},
+        {"prompts": ["Write one word."], "max_tokens": 30},
+        {"prompts": ["Write one word."], "max_tokens": 30, "min_tokens": 12},
+    )
     assert banned["logprobs"][0][0]["token_id"] != first["token_id"]
-    forced = generate(engine, prompts=[PARIS], max_tokens=3, logprobs=0, logit_bias={"28": 100})
     assert [r["token_id"] for r in forced["logprobs"][0]] == [28, 28, 28]
-    for narrow in ({"top_k": 1}, {"min_p": 1.0}):  # only the top token survives: sampling is greedy
-        assert (
-            generate(engine, prompts=[PARIS], max_tokens=6, temperature=1.0, **narrow)["generated_texts"]
-            == (greedy["generated_texts"])
-        )
-    short = generate(engine, prompts=["Write one word."], max_tokens=30)["details"][0]
-    assert short["finish_reason"] == "stop" and short["tokens"] < 12
-    longer = generate(engine, prompts=["Write one word."], max_tokens=30, min_tokens=12)["details"][0]
-    assert longer["tokens"] >= 12
+    assert top_k["generated_texts"] == min_p["generated_texts"] == greedy["generated_texts"]
+    assert short["details"][0]["finish_reason"] == "stop" and short["details"][0]["tokens"] < 12
+    assert longer["details"][0]["tokens"] >= 12
 
 
 # --- parity and errors -------------------------------------------------------------------------
