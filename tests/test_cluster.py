@@ -161,20 +161,16 @@ def post(url: str, i: int) -> requests.Response:
 
 
 def test_a_rolling_restart_under_load_loses_and_crosses_nothing(cluster):
-    def alone(prompts: list[str], url: str) -> list[str]:
-        """What each prompt completes to on its own (greedy, float32: the same inside any batch),
-        one request at a time to one replica."""
-        with requests.Session() as session:
-            texts = []
-            for prompt in prompts:
-                r = session.post(f"{url}/generate", json={"prompts": [prompt], "max_tokens": MAX_TOKENS}, timeout=300)
-                assert r.status_code == 200, r.text
-                texts += r.json()["generated_texts"]
-        return texts
+    def expected_texts(prompts: list[str], url: str) -> list[str]:
+        """What each prompt completes to (greedy, float32: the same inside any batch, as the load's
+        own batches must give), in one request, one round, straight to one replica."""
+        r = requests.post(f"{url}/generate", json={"prompts": prompts, "max_tokens": MAX_TOKENS}, timeout=300)
+        assert r.status_code == 200, r.text
+        return r.json()["generated_texts"]
 
-    with ThreadPoolExecutor(REPLICAS) as pool:  # half the prompts each: neither replica batches two
+    with ThreadPoolExecutor(REPLICAS) as pool:  # half the prompts each, a round of BATCH_SIZE (4)
         halves = [PROMPTS[k::REPLICAS] for k in range(REPLICAS)]
-        texts = pool.map(alone, halves, cluster.replica_urls)
+        texts = pool.map(expected_texts, halves, cluster.replica_urls)
         expected = {p: t for half, out in zip(halves, texts, strict=True) for p, t in zip(half, out, strict=True)}
 
     # The load is continuous: THREADS senders keep sending from before the rolling restart until
