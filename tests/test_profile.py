@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import time
 
+import pytest
+
 from batcher.device import pick
 from batcher.profile import choose, measure, session, show, store
 from batcher.static.runner import Runner
@@ -132,17 +134,27 @@ def test_a_measurement_over_its_budget_falls_back_to_fp32_eager_and_says_so(mode
     assert "reference was not measured (timed out" in picked.reason
 
 
-def test_a_candidate_past_its_cap_is_killed_with_its_process_and_not_eligible(model_path, tmp_path):
-    static, _ = measure.templates(model_path)
-    spec = measure.spec_for(("static", "float32", True), static, ["Hello"], None)
-    with open(tmp_path / "log", "a") as log:
+@pytest.fixture(scope="module")
+def vllm_child(tmp_path_factory):
+    """One vLLM serving child (session.Children) for this module's two tests on real engines: its
+    imports, the most of a vLLM start here (about 28 s on one Zen 4 core), are paid once."""
+    with open(tmp_path_factory.mktemp("profile") / "vllm.log", "w") as log:
         children = session.Children(log, "")
-        try:  # the child's imports count against the budget (600 s), the cap (1 s) starts after them
-            out = children.measure("static", spec, cap_s=1, deadline=time.monotonic() + 600)
-            assert "static" not in children.alive  # killed: the engine's next candidate gets a new process
+        children.spawn(["vllm"])  # it imports vLLM while the tests before it run
+        try:
+            yield children
         finally:
             children.close()
-    row = measure.row_for(("static", "float32", True), out, (1, 4))
+
+
+@pytest.mark.last  # it kills the module's vLLM child
+def test_a_candidate_past_its_cap_is_killed_with_its_process_and_not_eligible(model_path, vllm_child):
+    _, vllm = measure.templates(model_path)
+    spec = measure.spec_for(("vllm", "float32", True), vllm, ["Hello"], None)
+    # the child's imports count against the budget (600 s), the cap (1 s) starts after them
+    out = vllm_child.measure("vllm", spec, cap_s=1, deadline=time.monotonic() + 600)
+    assert "vllm" not in vllm_child.alive  # killed: the engine's next candidate gets a new process
+    row = measure.row_for(("vllm", "float32", True), out, (1, 4, 64))
     assert row["status"] == "timed out after 1 s (its cap: 1 s)" and not choose.faithful(row)
 
 
@@ -150,30 +162,24 @@ def test_a_candidate_past_its_cap_is_killed_with_its_process_and_not_eligible(mo
 # fp32 eager is not repeated here: it is what the rest of the suite runs on both engines (PINNED in
 # tests/conftest.py), and test_openai.py asserts " Paris" from each engine on it; here each other
 # dtype must produce tokens (bf16 is unfaithful on every CPU measured, so not Paris). vLLM's
-# candidates share one child process, as the profile's do (session.Children): its imports, the
-# most of a vLLM start here, are paid once for both dtypes (a child per dtype: 32-39 s each, quiet).
+# candidates share one child process (`vllm_child`), as the profile's do: its imports, the most of a
+# vLLM start here, are paid once for both dtypes and the cap test (a child each: 32-39 s, quiet).
 # Compiled is left to the profile run's own record (`python -m batcher.profile` shows each compiled
 # row's answers against the reference): a compiled vLLM start is a minute or more here per dtype;
 # the compiled static engine on fp32 is test_static_compile.py's.
 OTHER_DTYPES = tuple(dtype for dtype in measure.DTYPES if dtype != "float32")
 
 
-def test_both_engines_answer_on_every_dtype(model_path, tmp_path):
+def test_both_engines_answer_on_every_dtype(model_path, vllm_child):
     static, vllm = measure.templates(model_path)
-    with open(tmp_path / "vllm.log", "w") as log:
-        children = session.Children(log, "")
-        try:
-            children.spawn(["vllm"])  # it imports vLLM while the static engine answers
-            for dtype in OTHER_DTYPES:
-                (ids,) = _static_generate(Runner(dataclasses.replace(static, dtype=dtype)))
-                settings = dataclasses.asdict(dataclasses.replace(vllm, dtype=dtype))
-                # reference None: the candidate is its own; "project": False: no speed projection
-                spec = {"engine": "vllm", "settings": settings, "texts": [PARIS], "max_tokens": 4, "project": False}
-                out = children.measure("vllm", spec, cap_s=300, deadline=time.monotonic() + 600)
-                assert ids, dtype
-                assert out.get("completions", [[]])[0], (dtype, out["status"])  # the child's output: vllm.log
-        finally:
-            children.close()
+    for dtype in OTHER_DTYPES:
+        (ids,) = _static_generate(Runner(dataclasses.replace(static, dtype=dtype)))
+        settings = dataclasses.asdict(dataclasses.replace(vllm, dtype=dtype))
+        # reference None: the candidate is its own; "project": False: no speed projection
+        spec = {"engine": "vllm", "settings": settings, "texts": [PARIS], "max_tokens": 4, "project": False}
+        out = vllm_child.measure("vllm", spec, cap_s=300, deadline=time.monotonic() + 600)
+        assert ids, dtype
+        assert out.get("completions", [[]])[0], (dtype, out["status"])  # the child's output: vllm.log
 
 
 def _static_generate(runner: Runner) -> list[list[int]]:
