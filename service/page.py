@@ -28,6 +28,13 @@ def index():
     )
 
 
+@bp.get("/favicon.ico")
+def favicon():
+    """No icon, and no 404 either: a browser asks for /favicon.ico on any document it opens
+    (/health's JSON too), and a 404 there is an error in its console and a line in our log."""
+    return "", 204
+
+
 @bp.post("/race")
 def race():
     """Body: {"engine": "static"|"vllm", "mode": "concurrent"|"batch", "prompts": [...],

@@ -58,7 +58,7 @@ def page(server, browser):
     the page stores it under this name."""
     browser.get(server.url + "/health")  # same origin, so the same sessionStorage as the page's
     browser.execute_script("sessionStorage.setItem(arguments[0], arguments[1])", KEY_STORAGE, KEY)
-    browser.get_log("browser")  # read, so emptied: that JSON document's /favicon.ico 404 is not the page's
+    browser.get_log("browser")  # read, so emptied: what that JSON document logged is not the page's
     return browser
 
 

@@ -39,6 +39,13 @@ def test_the_page_is_served_with_its_controls_and_nothing_from_outside(client):
     assert "\na\nb\nc\nd\ne\nf" in html.replace('spellcheck="false">', "\n")  # the write-up's six prompts
 
 
+def test_the_browsers_own_favicon_request_is_a_204_not_a_404(client):
+    # a document without our <link rel="icon"> (/health's JSON) makes the browser ask for it: a 404
+    # there reached the page tests' console check when it came after they had emptied the log
+    r = client.get("/favicon.ico")
+    assert r.status_code == 204 and r.get_data() == b""
+
+
 @pytest.mark.parametrize(
     "body, status",
     [
