@@ -1,5 +1,5 @@
-"""EleutherAI's lm-evaluation-harness against the real gunicorn, on both engines, as a user runs
-it: `python -m lm_eval --model local-completions` with the local model folder as its tokenizer and
+"""EleutherAI's lm-evaluation-harness against `make serve` (nginx, gunicorn), on both engines, as a
+user runs it: `python -m lm_eval --model local-completions` with the local model folder as its tokenizer and
 our own two tasks (tests/eval/: data in the repository, nothing from a hub).
 
 tiny_facts is multiple choice: each choice is one loglikelihood request, sent with `echo`,
