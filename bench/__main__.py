@@ -44,6 +44,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=service.batch_size, help="BATCH_SIZE (default: the service's)")
     p.add_argument("--max-tokens", type=int, default=service.max_new_tokens, help="max_tokens per prompt, greedy")
     p.add_argument("--no-vllm", action="store_true", help="start the service with VLLM_ENABLED=0 (fast)")
+    p.add_argument("--url", help="measure the service running there (no API key; its BATCH_SIZE --batch-size's)")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="where the JSON goes")
     args = p.parse_args(argv)
     run = FULL if args.full else QUICK
@@ -72,7 +73,7 @@ class Bench:
         args, started = self.args, time.monotonic()
         if any(name in ON_THE_SERVICE for name in args.phases):
             env = {"BATCH_SIZE": str(args.batch_size), "VLLM_ENABLED": str(int(not args.no_vllm)), **SERVICE_ENV}
-            self.srv = Server(self.log_path, env)
+            self.srv = Server(self.log_path, env, url=args.url)
         with self.srv or contextlib.nullcontext():
             vllm = self.srv.wait_ready(READY_TIMEOUT_S)["engines"]["vllm"] if self.srv else {"status": "ready"}
             self.res["phases"].append({"phase": "start", "wall time (s)": round(time.monotonic() - started)})

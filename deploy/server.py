@@ -53,10 +53,14 @@ def free_port_run(count: int = 1) -> int:
 
 class Server:
     """`gunicorn -c gunicorn.conf.py wsgi:app` in its own session, its output appended to
-    `log_path`, with `env` on top of ours. A context manager that stops it."""
+    `log_path`, with `env` on top of ours. A context manager that stops it. With `url`: a service
+    someone else started and will stop, polled the same way (nothing launched, nothing stopped)."""
 
-    def __init__(self, log_path: Path, env: dict[str, str] | None = None):
-        self.log_path, self.started = log_path, time.monotonic()
+    def __init__(self, log_path: Path, env: dict[str, str] | None = None, url: str | None = None):
+        self.log_path, self.started, self.proc = log_path, time.monotonic(), None
+        if url:
+            self.url = url.rstrip("/")
+            return
         port = free_port_run()
         self.url, env = (
             f"http://127.0.0.1:{port}",
@@ -98,7 +102,7 @@ class Server:
         """Poll /health until `done(body)`; the body; raises if the service exits or at the deadline."""
         deadline = time.monotonic() + timeout_s
         while not done(health := self.health()):
-            if self.proc.poll() is not None:
+            if self.proc and self.proc.poll() is not None:
                 raise RuntimeError(f"service exited with code {self.proc.returncode}:\n{self.log_text()[-3000:]}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{what}: not after {timeout_s:g}s:\n{self.log_text()[-3000:]}")
@@ -124,6 +128,8 @@ class Server:
 
     def stop(self, timeout_s: float = 60.0) -> int | None:
         """SIGTERM (gunicorn's graceful stop); SIGKILL to the whole group if it lingers."""
+        if self.proc is None:  # not ours
+            return None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:

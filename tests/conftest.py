@@ -116,9 +116,10 @@ STATIC_SERVER_QUEUE = 9  # `static_server`'s MAX_QUEUE, in sequences
 def static_server(tmp_path_factory):
     """One real gunicorn with the static engine alone (vLLM disabled, no API key), for the tests
     that fill its queue or need a disabled engine: test_openai's 429 the SDK retries and its 503,
-    and test_admission's deadline behind a backlog. A queue of STATIC_SERVER_QUEUE sequences:
-    admission's backlog of 8 and its one more fit even before a round takes any (a full queue
-    would answer its generous request 429 queue_full), and test_openai fills it to the brim.
+    test_admission's deadline behind a backlog, and the bench smoke (`bench --url`). A queue of
+    STATIC_SERVER_QUEUE sequences: admission's backlog of 8 and its one more fit even before a
+    round takes any (a full queue would answer its generous request 429 queue_full), and
+    test_openai fills it to the brim.
     Four rows a round (the default, named here since both tests count on it); a timeout no
     prediction on a busy machine reaches, so that a deadline alone decides; one torch thread,
     since two spinning at every op's barrier on an oversubscribed CPU made a decode step 7 s here
