@@ -270,7 +270,7 @@ SHARED_FIXTURES = ("shared_server", "app", "runner_fp32", "static_server", "serv
 COST_S = {
     "test_cluster": 180, "test_tools": 130, "test_eval": 126, "test_structured": 103, "test_sampling": 95,
     "test_profile": 72, "test_openai": 71, "test_static_compile": 67, "test_slow_clients": 46, "test_fuzz": 33,
-    "test_isolation": 30, "test_page": 29, "test_bench_smoke": 28, "test_drain": 27, "test_admission": 23,
+    "test_isolation": 30, "test_page": 29, "test_bench_smoke": 10, "test_drain": 27, "test_admission": 23,
     "test_runner": 20, "test_openai_fields": 18, "test_streaming": 16, "test_echo": 14, "test_vllm": 10,
     "test_api": 10, "test_worker": 9, "test_context": 8, "test_e2e": 7, "test_race": 5,
 }  # fmt: skip
