@@ -97,10 +97,15 @@ def served(tmp_path_factory):
     """`make serve` at this machine's defaults (every `auto` from its profile, not PINNED: what a
     user runs and scores), both engines ready, an API key set: for lm-eval (test_eval), the slow
     clients (test_slow_clients) and the drain on Ctrl-C (test_drain), which stops it and so runs
-    last in their group (the `last` mark). One start for the three, on the path a user takes."""
+    last in their group (the `last` mark). One start for the three, on the path a user takes.
+    REQUEST_TIMEOUT_S 600: admission predicts from the step times the engines measured last, and
+    lm-eval's runs measure them while lm-eval's own processes share this worker's core; after them,
+    at the default 120 s, the drain test's 60-token vLLM stream was once refused 429 on an idle
+    engine (2026-12-03). What admission refuses is test_admission's; here it must admit."""
     from tests.make_serve import MakeServe
 
-    env = {"API_KEY": KEY, "CLIENT_TIMEOUT_S": "600", "GRACEFUL_TIMEOUT": "120", **{n: "auto" for n in PINNED}}
+    env = {"API_KEY": KEY, "CLIENT_TIMEOUT_S": "600", "GRACEFUL_TIMEOUT": "120", "REQUEST_TIMEOUT_S": "600"}
+    env |= {n: "auto" for n in PINNED}
     srv = MakeServe(tmp_path_factory.mktemp("serve"), env)
     try:
         srv.wait_ready(900)
