@@ -49,3 +49,22 @@ class VLLMSettings:
     def shown(self) -> dict:
         shown = ("device", "dtype", "enforce_eager", "reason")
         return {name: getattr(self, name) for name in shown}
+
+    def engine_args(self) -> dict:
+        """vLLM's EngineArgs for these settings: the service's engine (batcher/vllm/worker.py) and
+        the profile's candidates (`vllm.LLM`, batcher/profile/child.py) take the same, so that the
+        profile measures the engine the service runs. Left to their defaults they differ:
+        `vllm.LLM` batches 4,096 tokens a step on CPU, the engine 2,048, and their structured-output
+        backends differ, so their configs hash apart (one compile-cache key each)."""
+        from vllm.config import SchedulerConfig
+
+        from batcher.grammar import vllm_config
+
+        names = ("dtype", "max_num_seqs", "max_model_len", "gpu_memory_utilization", "enforce_eager")
+        return {
+            "model": self.model_path,
+            **{name: getattr(self, name) for name in (*names, "tensor_parallel_size")},
+            "max_num_batched_tokens": SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS,  # the engine's own default
+            "disable_log_stats": True,
+            "structured_outputs_config": vllm_config(),  # the static engine's xgrammar settings
+        }

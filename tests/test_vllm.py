@@ -1,5 +1,6 @@
 """The continuous-batching path with the real in-process vLLM engine and the default model."""
 
+import dataclasses
 import logging
 import threading
 
@@ -149,3 +150,20 @@ def test_health_shows_each_engines_resolved_settings_and_the_same_counts(vllm_ap
     assert vllm["enforce_eager"] is engines["vllm"]["eager"]
     for name in ("static", "vllm"):  # one name per count on both engines
         assert {"queued", "running", "inflight"} <= set(engines[name]), name
+
+
+def test_the_profile_measures_the_vllm_config_the_service_runs(vllm_app):
+    """The profile's child builds its candidates with `vllm.LLM` (usage context LLM_CLASS), the
+    service its engine with `LLMEngine` (ENGINE_CONTEXT), both from `VLLMSettings.engine_args()`:
+    their configs must hash alike (the child's old arguments gave 4,096 batched tokens a step
+    against the service's 2,048, and another hash)."""
+    from vllm import EngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    settings = dataclasses.replace(vllm_app.extensions["engines"]["vllm"].settings, enforce_eager=False)
+    profile, service = (
+        EngineArgs(**settings.engine_args()).create_engine_config(usage)
+        for usage in (UsageContext.LLM_CLASS, UsageContext.ENGINE_CONTEXT)
+    )
+    assert profile.scheduler_config.max_num_batched_tokens == service.scheduler_config.max_num_batched_tokens
+    assert profile.compute_hash() == service.compute_hash()

@@ -80,8 +80,7 @@ def _vllm(settings: VLLMSettings) -> SimpleNamespace:
     from vllm import LLM, SamplingParams
 
     started = time.perf_counter()
-    names = ("dtype", "enforce_eager", "max_model_len", "max_num_seqs", "gpu_memory_utilization")
-    llm = LLM(model=settings.model_path, **{name: getattr(settings, name) for name in names})
+    llm = LLM(**settings.engine_args())  # the service's engine's arguments
     built, tok = {"start_s": time.perf_counter() - started, "dtype": settings.dtype}, llm.get_tokenizer()
 
     def generate(prompts: list[str], max_tokens: int, ignore_eos: bool = True, size: int = 0) -> list[list[int]]:

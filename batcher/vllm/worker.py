@@ -23,7 +23,6 @@ from contextlib import AbstractContextManager
 from batcher import fence
 from batcher.engine import EngineThread
 from batcher.errors import RoundFailed, ShuttingDown
-from batcher.grammar import vllm_config
 from batcher.metrics import Metrics
 from batcher.predict import VLLMCost
 from batcher.sequence import Sequence
@@ -31,16 +30,6 @@ from batcher.settings import VLLMSettings
 from batcher.vllm.translate import engine_prompt, logprob_records, prompt_logprob_records, refusal, sampling_params
 
 log = logging.getLogger(__name__)
-
-# the settings that are vLLM EngineArgs of the same name
-ENGINE_ARGS = (
-    "dtype",
-    "max_num_seqs",
-    "max_model_len",
-    "gpu_memory_utilization",
-    "enforce_eager",
-    "tensor_parallel_size",
-)
 
 
 class VLLMWorker(EngineThread):
@@ -87,13 +76,7 @@ class VLLMWorker(EngineThread):
         fence.install()
         from vllm import EngineArgs, LLMEngine
 
-        args = EngineArgs(
-            model=s.model_path,
-            **{name: getattr(s, name) for name in ENGINE_ARGS},
-            disable_log_stats=True,
-            structured_outputs_config=vllm_config(),  # the static engine's xgrammar settings
-        )
-        return LLMEngine.from_engine_args(args)
+        return LLMEngine.from_engine_args(EngineArgs(**s.engine_args()))
 
     def _load(self) -> None:
         # vLLM's CPU backend probes every attribute of every imported module with hasattr(),
