@@ -60,10 +60,17 @@ class VLLMSettings:
 
         from batcher.grammar import vllm_config
 
-        names = ("dtype", "max_num_seqs", "max_model_len", "gpu_memory_utilization", "enforce_eager")
+        names = (
+            "dtype",
+            "max_num_seqs",
+            "max_model_len",
+            "gpu_memory_utilization",
+            "enforce_eager",
+            "tensor_parallel_size",
+        )
         return {
             "model": self.model_path,
-            **{name: getattr(self, name) for name in (*names, "tensor_parallel_size")},
+            **{name: getattr(self, name) for name in names},
             "max_num_batched_tokens": SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS,  # the engine's own default
             "disable_log_stats": True,
             "structured_outputs_config": vllm_config(),  # the static engine's xgrammar settings

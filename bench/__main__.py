@@ -50,6 +50,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     run = FULL if args.full else QUICK
     args.n, args.repeats = args.n or run["n"], args.repeats or run["repeats"]
     args.phases = [name for name in FULL["phases"] if name in set(args.only or run["phases"]) - set(args.skip)]
+    if args.url and args.no_vllm:
+        p.error("--no-vllm sets up the service it starts; with --url it is already running")
     if min(args.repeats, args.batch_size, *args.n) < 1:
         p.error("--n, --repeats and --batch-size must be >= 1")
     return args
