@@ -33,6 +33,29 @@ def test_the_capital_of_france_is_paris(runner_fp32):
     assert reason == "length"
 
 
+def test_on_a_cpu_the_linears_are_packed_and_give_transformers_own_logits(runner_fp32):
+    """batcher/static/linear.py: every linear runs oneDNN on a packed weight, and the model's
+    logits over a padded batch are those of the model as transformers loads it, to fp32 rounding."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from batcher.static.linear import PackedLinear
+
+    if runner_fp32.device != "cpu":
+        pytest.skip("linears are packed on a CPU only")
+    linears = [m for m in runner_fp32.model.modules() if isinstance(m, torch.nn.Linear | PackedLinear)]
+    assert linears and all(isinstance(m, PackedLinear) for m in linears), {type(m) for m in linears}
+    plain = AutoModelForCausalLM.from_pretrained(runner_fp32.settings.model_path, dtype=torch.float32).eval()
+    inputs = runner_fp32.encode(PROMPTS)
+    with torch.inference_mode():
+        packed_logits, plain_logits = runner_fp32.model(**inputs).logits, plain(**inputs).logits
+    real = inputs["attention_mask"].bool()
+    assert torch.allclose(packed_logits[real], plain_logits[real], atol=1e-3, rtol=0), (
+        (packed_logits[real] - plain_logits[real]).abs().max()
+    )
+    assert (packed_logits[real].argmax(-1) == plain_logits[real].argmax(-1)).all()
+
+
 def test_greedy_output_is_the_same_alone_and_in_a_padded_batch(runner_fp32):
     alone = [run(runner_fp32, [greedy(p)])[0][0] for p in PROMPTS]
     batch = [text for text, _ in run(runner_fp32, [greedy(p) for p in PROMPTS])]

@@ -31,6 +31,7 @@ from batcher.sequence import Prompt, Sequence
 from batcher.settings import StaticSettings
 from batcher.static import processors as per_row
 from batcher.static.isolation import RowFailures
+from batcher.static.linear import pack_linears
 from batcher.static.prompt_logprobs import PromptLogprobs
 from batcher.static.rows import RoundRows
 
@@ -85,14 +86,17 @@ class Runner:
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype).to(self.device).eval()
+        eager_on_cpu = self.device == "cpu" and self.compile_config is None
+        packed = pack_linears(self.model, self.max_batch) if eager_on_cpu else 0  # batcher/static/linear.py
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
         log.info(
-            "loaded %s on %s as %s, decoding %s",
+            "loaded %s on %s as %s, decoding %s%s",
             model_path,
             self.device,
             self.dtype,
             "compiled (static cache)" if self.compile_config else "eager",
+            f", {packed} linears packed for oneDNN" if packed else "",
         )
 
     @property
