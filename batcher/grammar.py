@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import json
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -45,11 +46,21 @@ class GrammarError(ValueError):
     """A spec that xgrammar cannot compile: the message says why."""
 
 
-@functools.cache
+_compiler_lock = threading.Lock()
+
+
 def compiler(model_path: str):
     """The xgrammar compiler of one model's tokenizer: its TokenizerInfo is built once per process
     (it reads the whole vocabulary); compiled grammars are kept in the compiler's own cache, keyed
-    by what was compiled, so the same spec compiles once."""
+    by what was compiled, so the same spec compiles once. Under a lock: `functools.cache` alone
+    lets every request that arrives before the first build ends build its own, and ten tool calls
+    sent at once to a fresh server took 18 s to compile their grammar instead of 1 (one core, 2026-12-03)."""
+    with _compiler_lock:
+        return _compiler(model_path)
+
+
+@functools.cache
+def _compiler(model_path: str):
     import xgrammar as xgr
     from transformers import AutoConfig, AutoTokenizer
 
