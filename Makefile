@@ -67,7 +67,7 @@ model: $(STAMP)
 # seconds (200: every eager row and each engine's best compiled one on the quiet Xeon, where the
 # rest of a fresh `make setup` took 1 min 44 s, 2026-12-02; each candidate gets at most 40% of it):
 # what every `auto` (DTYPE, STATIC_COMPILE, VLLM_ENFORCE_EAGER) becomes, faithful first, then
-# fastest; it leaves the compile caches warm (not yet for vLLM: batcher/profile/measure.py).
+# fastest; it leaves the compile caches warm for `make serve`.
 # `make profile PROFILE_ARGS=--measure` measures again.
 PROFILE_BUDGET ?= 200
 profile: model

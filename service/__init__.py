@@ -9,7 +9,7 @@ import time
 from flask import Flask, g, request
 
 from batcher.checkpoint import resolve_model
-from batcher.compile_cache import use_compile_cache
+from batcher.compile_cache import import_torch_first, use_compile_cache
 from batcher.metrics import Metrics
 from batcher.vllm.worker import VLLMWorker
 from service import admission, demo, errors, openai_api, openapi, ops, page, request_id, tokenization
@@ -26,7 +26,9 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
 
     `start=False` builds everything but starts no thread (for tests of the app alone)."""
     # torch and transformers load here, not at import: deploy/ and batcher.checkpoint's command
-    # import `service` for its Config alone
+    # import `service` for its Config alone. torch before transformers: the compile caches' keys
+    # depend on it (batcher/compile_cache.py, `import_torch_first`)
+    import_torch_first()
     from transformers import AutoTokenizer
 
     from batcher.static.worker import ModelWorker

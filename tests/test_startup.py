@@ -3,12 +3,15 @@ process-wide patching; /health shows each engine's start phase."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import torch
 
 from batcher import fence
 from batcher.compile_cache import use_compile_cache
+from deploy.server import ROOT
 
 
 def test_the_static_engine_answers_while_vllm_is_still_starting(app):
@@ -71,3 +74,20 @@ def test_compile_caches_default_to_the_project_folder_and_the_environment_wins(m
     assert applied["VLLM_USE_AOT_COMPILE"] == "0"  # AOT artifacts cannot be reloaded on CPU
     monkeypatch.delenv("VLLM_USE_AOT_COMPILE")
     assert "VLLM_USE_AOT_COMPILE" not in use_compile_cache("", "cuda")
+
+
+# pickle names torch.contiguous_format (no __module__) by the first module in sys.modules that
+# reaches it, and the compile caches' keys pickle it (batcher/compile_cache.py, import_torch_first).
+WHICH = "import pickle, torch; print(pickle.whichmodule(torch.contiguous_format, 'torch.contiguous_format'))"
+
+
+def test_the_app_factory_keys_compiled_graphs_as_a_process_that_imports_torch_first(tmp_path):
+    # the profile's children import torch first; the app factory imported transformers first,
+    # and a service start after `make setup` compiled vLLM again instead of loading its graphs
+    app = "from service import create_app; from service.config import Config; "
+    app += f"create_app(Config(vllm_enabled=False, profile_dir={str(tmp_path)!r}), start=False); {WHICH}"
+    named = [
+        subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+        for code in (WHICH, app)
+    ]
+    assert named[0].startswith("torch") and named[1] == named[0], named

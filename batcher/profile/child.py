@@ -23,7 +23,7 @@ from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
-from batcher.compile_cache import use_compile_cache
+from batcher.compile_cache import import_torch_first, use_compile_cache
 from batcher.settings import StaticSettings, VLLMSettings
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -98,6 +98,7 @@ BUILDERS = {"static": (StaticSettings, _static), "vllm": (VLLMSettings, _vllm)}
 def build(spec: dict) -> SimpleNamespace:
     kind = BUILDERS[spec["engine"]]
     settings = kind[0](**spec["settings"])
+    import_torch_first()  # as the service does: the compile caches' keys depend on it
     use_compile_cache(spec.get("compile_cache_dir", ""), settings.device)  # as the service does
     return kind[1](settings)
 
@@ -122,6 +123,7 @@ def serve(engine: str, result_fd: int, compile_cache_dir: str, device: str) -> N
 
     from batcher.profile import candidate
 
+    import_torch_first()  # as the service does: the compile caches' keys depend on it
     use_compile_cache(compile_cache_dir, device)  # before the imports: what they read stays ours
     importlib.import_module({"static": "batcher.static.runner", "vllm": "vllm"}[engine])
     with os.fdopen(result_fd, "w", buffering=1) as out:

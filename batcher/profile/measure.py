@@ -2,8 +2,8 @@
 
 Per engine, every dtype it takes on this device (fp32, fp16, bf16), eager and compiled
 (STATIC_COMPILE for the static engine, VLLM_ENFORCE_EAGER for vLLM), with the service's default
-settings (so that what the profile compiles is what `make serve` finds in the cache; for vLLM not
-yet: the same config, yet Inductor keys the graph apart in the two processes, 2026-12-03). Each: the greedy
+settings (so that what the profile compiles is what `make serve` finds in the cache; both import
+torch first for that, batcher/compile_cache.py's `import_torch_first`). Each: the greedy
 chat completions of the fidelity prompts against the static engine's fp32 eager (the reference,
 measured first), France -> Paris, its start (and compile) seconds, and, only when faithful, one
 call of 1, 4 (and, vLLM only, 64) prompts of 20 tokens (the fidelity calls were the warm-up).
