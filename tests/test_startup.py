@@ -76,18 +76,24 @@ def test_compile_caches_default_to_the_project_folder_and_the_environment_wins(m
     assert "VLLM_USE_AOT_COMPILE" not in use_compile_cache("", "cuda")
 
 
-# pickle names torch.contiguous_format (no __module__) by the first module in sys.modules that
-# reaches it, and the compile caches' keys pickle it (batcher/compile_cache.py, import_torch_first).
-WHICH = "import pickle, torch; print(pickle.whichmodule(torch.contiguous_format, 'torch.contiguous_format'))"
+# Which of torch and transformers a process asks for first; it exits there, before importing either.
+FIRST = """
+import sys, importlib.abc
+class First(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.partition(".")[0] in ("torch", "transformers"):
+            print(name.partition(".")[0]); raise SystemExit(0)
+sys.meta_path.insert(0, First())
+"""
 
 
-def test_the_app_factory_keys_compiled_graphs_as_a_process_that_imports_torch_first(tmp_path):
-    # the profile's children import torch first; the app factory imported transformers first,
-    # and a service start after `make setup` compiled vLLM again instead of loading its graphs
+def test_the_app_factory_imports_torch_before_transformers(tmp_path):
+    # pickle names torch.contiguous_format (no __module__) by the first module in sys.modules that
+    # reaches it, and the compile caches' keys pickle it (batcher/compile_cache.py's
+    # import_torch_first): the profile's children import torch first; an app factory that imported
+    # transformers first keyed the same graphs apart, and a start after `make setup` compiled
+    # vLLM again instead of loading them
     app = "from service import create_app; from service.config import Config; "
-    app += f"create_app(Config(vllm_enabled=False, profile_dir={str(tmp_path)!r}), start=False); {WHICH}"
-    named = [
-        subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-        for code in (WHICH, app)
-    ]
-    assert named[0].startswith("torch") and named[1] == named[0], named
+    app += f"create_app(Config(vllm_enabled=False, profile_dir={str(tmp_path)!r}), start=False)"
+    done = subprocess.run([sys.executable, "-c", FIRST + app], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert done.stdout == "torch\n", done.stdout
