@@ -56,6 +56,33 @@ def test_on_a_cpu_the_linears_are_packed_and_give_transformers_own_logits(runner
     assert (packed_logits[real].argmax(-1) == plain_logits[real].argmax(-1)).all()
 
 
+def test_fp16_linears_that_cannot_be_packed_widen_a_prefill_to_fp32_and_leave_a_decode_step_fp16():
+    """batcher/static/linear.py on a CPU without oneDNN fp16: a call of WIDEN_FROM rows or more (a
+    round's tokens: rows x positions) is computed in fp32 from the fp16 weight and rounded back;
+    fewer run torch's fp16 kernel as before. Where oneDNN packs fp16 (AVX512-FP16), they are packed."""
+    import torch
+
+    from batcher.static.linear import WIDEN_FROM, PackedLinear, WidenedLinear, pack_linears
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.Linear(96, 32, bias=False)).half()
+    plain, reference = copy.deepcopy(model), copy.deepcopy(model).float()
+    done = pack_linears(model, 4)
+    if isinstance(model[0], PackedLinear):
+        pytest.skip("oneDNN packs fp16 on this CPU")
+    assert done == f"2 fp16 linears widened to fp32 from {WIDEN_FROM} rows"
+    assert all(isinstance(layer, WidenedLinear) for layer in model)
+    decode = torch.randn(WIDEN_FROM - 1, 1, 64).half()  # a decode step: one position per row
+    prefill = torch.randn(2, WIDEN_FROM // 2, 64).half()  # a prefill: rows x positions
+    with torch.inference_mode():
+        assert torch.equal(model(decode), plain(decode))
+        first = torch.nn.functional.linear(prefill.float(), plain[0].weight.float(), plain[0].bias.float())
+        assert torch.equal(model[0](prefill), first.half())
+        out = model(prefill)
+        assert out.dtype == torch.float16
+        assert torch.allclose(out.float(), reference(prefill.float()), atol=1e-2, rtol=0)
+
+
 def test_greedy_output_is_the_same_alone_and_in_a_padded_batch(runner_fp32):
     alone = [run(runner_fp32, [greedy(p)])[0][0] for p in PROMPTS]
     batch = [text for text, _ in run(runner_fp32, [greedy(p) for p in PROMPTS])]

@@ -10,6 +10,14 @@ and what vLLM's CPU backend runs (`create_onednn_mm`); here without compiling an
 Measured (AMD EPYC Zen 4, one thread, fp32, greedy tokens unchanged, 2026-12-03): a decode step
 of a 4-row round 101-107 ms plain, 73-76 ms packed; of an 8-row round 153 against 82 ms; a
 4x190-token prefill 2.1 against 1.7 s; bf16 4 rows 98 against 72 ms.
+Where oneDNN cannot pack fp16 (no AVX512-FP16 or AVX-NE-CONVERT: Zen 3, Zen 4), torch's fp16
+`F.linear` falls back to a kernel that is fine for the one to four rows of a decode step (it reads
+half of fp32's bytes) and 4-5x slower than fp32 for a prefill's hundreds. There each fp16 linear
+widens a call of WIDEN_FROM rows or more to fp32: the weight converted for that call (read once,
+as the decode step reads it), the product in fp32 (fp16's own kernel accumulates in fp32 too),
+rounded back to fp16. Same Zen 4, one thread, 2026-12-03: a 4x193-token prefill 10.9-11.1 s
+plain, 2.8 s widened (fp32 packed: 2.3 s); a forward of 8 tokens 189 against 174 ms, of 4 tokens
+102 against 185 ms (hence 8).
 Compiled decoding (STATIC_COMPILE) keeps plain linears: Inductor picks its own kernels.
 """
 
@@ -20,6 +28,7 @@ import logging
 import torch
 
 log = logging.getLogger(__name__)
+WIDEN_FROM = 8  # rows of one fp16 linear call (tokens of the round) from which it computes in fp32
 
 
 class PackedLinear(torch.nn.Module):
@@ -35,23 +44,53 @@ class PackedLinear(torch.nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
-def pack_linears(model: torch.nn.Module, rows: int) -> int:
-    """Replace every `nn.Linear` of `model` (on the CPU) by a PackedLinear; how many. 0 where
-    this torch or CPU cannot pack the model's dtype (fp16 needs AVX512-FP16 or AVX-NE-CONVERT):
-    the model is then left as it was, and the log says why."""
+class WidenedLinear(torch.nn.Module):
+    """An fp16 `nn.Linear` that computes a call of WIDEN_FROM rows or more in fp32 (see above)."""
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in_features]
+        if x.numel() < WIDEN_FROM * self.in_features:
+            return torch.nn.functional.linear(x, self.weight, self.bias)
+        bias = None if self.bias is None else self.bias.float()
+        return torch.nn.functional.linear(x.float(), self.weight.float(), bias).to(x.dtype)
+
+
+def pack_linears(model: torch.nn.Module, rows: int) -> str:
+    """Replace every `nn.Linear` of `model` (on the CPU) by a PackedLinear; what it did, for the
+    log. Where this torch or CPU cannot pack the model's dtype (fp16 needs AVX512-FP16 or
+    AVX-NE-CONVERT), fp16 linears become WidenedLinears and others stay as they were; the log
+    says why."""
     dtype = next(model.parameters()).dtype
     if not torch.backends.mkldnn.is_available():
         log.info("static engine: no oneDNN in this torch; linears stay plain")
-        return 0
+        return ""
     try:
         torch.ops.mkldnn._reorder_linear_weight(torch.zeros(8, 8, dtype=dtype), rows)
     except RuntimeError as exc:
-        log.info("static engine: oneDNN cannot pack %s weights here (%s); linears stay plain", dtype, exc)
-        return 0
+        widen = dtype == torch.float16
+        log.info(
+            "static engine: oneDNN cannot pack %s weights here (%s); linears %s",
+            dtype,
+            exc,
+            f"compute calls of {WIDEN_FROM}+ rows in fp32" if widen else "stay plain",
+        )
+        if not widen:
+            return ""
+        count = _replace_linears(model, WidenedLinear)
+        return f"{count} fp16 linears widened to fp32 from {WIDEN_FROM} rows"
+    count = _replace_linears(model, lambda linear: PackedLinear(linear, rows))
+    return f"{count} linears packed for oneDNN"
+
+
+def _replace_linears(model: torch.nn.Module, make) -> int:
     count = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is torch.nn.Linear:
-                setattr(parent, name, PackedLinear(child, rows))
+                setattr(parent, name, make(child))
                 count += 1
     return count

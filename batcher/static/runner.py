@@ -87,7 +87,7 @@ class Runner:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype).to(self.device).eval()
         eager_on_cpu = self.device == "cpu" and self.compile_config is None
-        packed = pack_linears(self.model, self.max_batch) if eager_on_cpu else 0  # batcher/static/linear.py
+        linears = pack_linears(self.model, self.max_batch) if eager_on_cpu else ""  # batcher/static/linear.py
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
         log.info(
@@ -96,7 +96,7 @@ class Runner:
             self.device,
             self.dtype,
             "compiled (static cache)" if self.compile_config else "eager",
-            f", {packed} linears packed for oneDNN" if packed else "",
+            f", {linears}" if linears else "",
         )
 
     @property
