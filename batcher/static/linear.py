@@ -10,12 +10,12 @@ and what vLLM's CPU backend runs (`create_onednn_mm`); here without compiling an
 Measured (AMD EPYC Zen 4, one thread, fp32, greedy tokens unchanged, 2026-12-03): a decode step
 of a 4-row round 101-107 ms plain, 73-76 ms packed; of an 8-row round 153 against 82 ms; a
 4x190-token prefill 2.1 against 1.7 s; bf16 4 rows 98 against 72 ms.
-Where oneDNN cannot pack fp16 (no AVX512-FP16 or AVX-NE-CONVERT: Zen 3, Zen 4), torch's fp16
-`F.linear` falls back to a kernel that is fine for the one to four rows of a decode step (it reads
-half of fp32's bytes) and 4-5x slower than fp32 for a prefill's hundreds. There each fp16 linear
-widens a call of WIDEN_FROM rows or more to fp32: the weight converted for that call (read once,
-as the decode step reads it), the product in fp32 (fp16's own kernel accumulates in fp32 too),
-rounded back to fp16. Same Zen 4, one thread, 2026-12-03: a 4x193-token prefill 10.9-11.1 s
+Where oneDNN cannot pack fp16 (it needs AVX512-FP16 or AVX-NE-CONVERT; neither Zen 3 nor Zen 4
+has them), torch's fp16 `F.linear` falls back to a kernel that is fine for the one to four rows of
+a decode step (it reads half of fp32's bytes) and 4-5x slower than fp32 for a prefill's hundreds.
+There each fp16 linear widens a call of WIDEN_FROM rows or more to fp32: the weight converted for
+that call, the product in fp32, rounded back to fp16; as close to fp32 as torch's fp16 kernel
+(docs/performance.md). Same Zen 4, one thread, 2026-12-03: a 4x193-token prefill 10.9-11.1 s
 plain, 2.8 s widened (fp32 packed: 2.3 s); a forward of 8 tokens 189 against 174 ms, of 4 tokens
 102 against 185 ms (hence 8).
 Compiled decoding (STATIC_COMPILE) keeps plain linears: Inductor picks its own kernels.
