@@ -59,7 +59,7 @@ def import_torch_first() -> None:
     enters `sys.modules` before torch. So the service (tokenizer first) and the profile's child
     (vLLM, so torch, first) keyed the same graph apart, and a service start after `make setup`
     compiled vLLM again instead of loading the profile's graphs (2026-12-03, AMD EPYC Zen 4, one
-    core: 63 s of compiling against 20 s with the cache hit)."""
+    core: 63 s of compiling against 21 s with the cache hit)."""
     import torch  # noqa: F401
 
 
