@@ -6,15 +6,31 @@ gunicorn -c gunicorn.conf.py wsgi:app
 import os
 import signal
 
-bind = f"{os.environ.get('HOST', '0.0.0.0')}:{os.environ.get('PORT', '8000')}"
+from deploy.cluster import DEFAULT_HOST, warn_if_open
+from service.config import Config
+
+SERVICE = Config.from_env()  # the worker's settings, read here too (no torch: service/config.py)
+
+bind = f"{os.environ.get('HOST') or DEFAULT_HOST}:{os.environ.get('PORT', '8000')}"
 
 # One process: the model thread(s) and every request thread share the engines' memory, so no
 # multiprocessing hop between web and model. More workers would each load their own models.
 workers = 1
 worker_class = "gthread"
 # Each waiting request holds a thread (a stream holds one for its whole life): size this for the
-# concurrency you promise. 128 covers the benchmark's 64 concurrent requests with room to spare.
-threads = int(os.environ.get("THREADS", "128"))
+# concurrency you promise. 128 (THREADS, service/config.py) covers the benchmark's 64 concurrent
+# requests with room to spare; generate requests take at most MAX_INFLIGHT_REQUESTS of them (429
+# past it), so that the rest always answer /health and /metrics (service/inflight.py).
+threads = SERVICE.threads
+# Open connections gthread holds (kept-alive ones included, at most this less THREADS); past it,
+# it accepts none until one closes, and a probe waits in the listen backlog. A generate request
+# past the cap is refused in about a millisecond and its connection freed, so gunicorn's default
+# holds a flood of 500 and the probes beside it (docs/operations.md, measured).
+worker_connections = 1000
+# Connections the kernel queues before gthread accepts them (gunicorn's default, capped by
+# net.core.somaxconn). A probe that arrives behind them waits while each is accepted and refused;
+# a shorter queue would drop connection attempts instead (a client's retry waits a second).
+backlog = 2048
 # The arbiter's heartbeat; gthread's main loop keeps beating while requests wait on the model.
 timeout = int(os.environ.get("GUNICORN_TIMEOUT", "300"))
 graceful_timeout = int(os.environ.get("GRACEFUL_TIMEOUT", "30"))
@@ -40,6 +56,14 @@ logconfig_dict = {
         }
     },
 }
+
+
+def when_ready(server):
+    """In the master, once it listens: say so when anyone who reaches it may generate (a host
+    beyond loopback and no API_KEY). Before the worker loads anything: it is seen at once."""
+    for address in server.cfg.address:  # (host, port), or a unix socket's path
+        if isinstance(address, tuple):
+            warn_if_open(server.log, "gunicorn", address[0], address[1], bool(SERVICE.api_keys))
 
 
 def post_worker_init(worker):
@@ -72,6 +96,16 @@ def post_worker_init(worker):
 
     threading.Thread(target=drain_then_exit, name="drain-on-sigterm", daemon=True).start()
     signal.signal(signal.SIGTERM, on_sigterm)
+
+    def leave(engine: str, error: str) -> None:
+        """Crash-only (batcher/engine.py): an engine that died leaves the process no good, so the
+        worker drains what the other engine holds and exits, the way SIGTERM does, and gunicorn's
+        master starts a fresh worker."""
+        worker.log.error("the %s engine failed (%s): this worker leaves; the master starts a fresh one", engine, error)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    for engine in app.extensions["engines"].values():
+        engine.when_dead(leave)
 
 
 def worker_exit(server, worker):

@@ -1,17 +1,26 @@
 """What both engines share: one thread that owns a model, an inbox (the workload: what is queued
 and what is taken), a lifecycle, and the request threads' side of it (submit all or nothing,
-wait until ready, drain, stop)."""
+wait until ready, drain, stop).
+
+Crash-only: an engine thread that dies (an exception its loop did not expect) or that holds work
+and makes no progress for `settings.stall_s` (a step that never returns: the watchdog thread sees
+it) is failed for good. What it holds is answered 503 at once, new work is refused 503 naming
+the error, /health turns 503, and the callbacks given to `when_dead` run: under gunicorn the
+worker then leaves (gunicorn.conf.py), and its supervisor starts a fresh one. Nothing is
+restarted in process: a thread stuck in a step cannot be taken back, and a fresh process is the
+one state known to be good."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from batcher.calibration import Calibration
-from batcher.errors import InvalidParams, ShuttingDown, WaitTooLong
+from batcher.errors import EngineDied, InvalidParams, NeverFits, ShuttingDown, WaitTooLong
 from batcher.lifecycle import Lifecycle
-from batcher.metrics import Metrics
+from batcher.metrics import CacheState, Metrics
 from batcher.predict import Prediction, StaticCost, VLLMCost, Work
 from batcher.sequence import Sequence
 from batcher.workload import Workload
@@ -31,12 +40,15 @@ class EngineThread:
         self.settings = settings
         self.workload = Workload(max_queue)
         self.metrics = metrics or Metrics()
-        self.metrics.watch(self.name, self.running, self.workload.qsize)
+        self.metrics.watch(self.name, self.running, self.workload.qsize, self.kv_cache)
         self.lifecycle = Lifecycle(self.name, enabled=enabled, why_disabled=why_disabled)
         self.load_seconds: float | None = None
         self.vocab_size: int | None = None  # set by _load(): token ids a request may name
         self.calibration = Calibration()  # how the cost model's last predictions came out (_finished)
         self._thread = threading.Thread(target=self._main, name=f"{self.name}-engine-thread", daemon=True)
+        self._watchdog = threading.Thread(target=self._watch, name=f"{self.name}-watchdog", daemon=True)
+        self._beat = time.monotonic()  # the engine thread's last sign of progress (_progressed)
+        self._on_death: list[Callable[[str, str], None]] = []
 
     # the lifecycle's state, as the service and the tests read it
     @property
@@ -67,7 +79,13 @@ class EngineThread:
     def start(self):
         if self.lifecycle.status == "loading" and not self._thread.is_alive():
             self._thread.start()
+            self._watchdog.start()
         return self
+
+    def when_dead(self, callback: Callable[[str, str], None]) -> None:
+        """`callback(engine name, error)` runs once if the engine dies after it was ready (in the
+        thread that found it dead)."""
+        self._on_death.append(callback)
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         self.lifecycle.settled.wait(timeout)
@@ -80,16 +98,12 @@ class EngineThread:
     def submit(
         self, seqs: list[Sequence], *, max_ttft_s: float | None = None, max_total_s: float | None = None
     ) -> Prediction:
-        """Enqueue all of `seqs` or none (QueueFull, WaitTooLong); the caller waits on each
-        `seq.done`. Refused (WaitTooLong) if the predicted time to the first token (its 90th
-        percentile) exceeds `max_ttft_s` or the predicted completion `max_total_s`; an unknown
-        prediction admits.
+        """Enqueue all of `seqs` or none (NeverFits, QueueFull, WaitTooLong: `_admission`); the
+        caller waits on each `seq.done`.
         The prediction and the enqueue are one step under the lifecycle's lock, so two requests
         never both count on the same free room. Returns the prediction (also on each sequence)."""
         with self.lifecycle.admitting():
-            self._check_token_ids(seqs)
-            prediction = self.predict([work(seq) for seq in seqs])
-            _admit(self.name, prediction, max_ttft_s, max_total_s)
+            prediction = self._admission(seqs, max_ttft_s, max_total_s)
             for seq in seqs:
                 seq.predicted = prediction
             self.workload.put_all(seqs)
@@ -136,12 +150,19 @@ class EngineThread:
 
     def stop(self, timeout: float = 30.0) -> None:
         """Take no more work, abandon what is taken, fail what waits (503), join the thread.
-        With timeout 0 it only starts the shutdown (safe in a signal handler)."""
+        With timeout 0 it only starts the shutdown (safe in a signal handler). A dead engine's
+        thread is not waited for: it may be stuck for good."""
+        died = self.lifecycle.died
         self.lifecycle.stop()
         self._abandon()
         self.workload.wake()
-        if self._thread.is_alive():
+        if self._thread.is_alive() and not died:
             self._thread.join(timeout)
+
+    def kv_cache(self) -> CacheState | None:
+        """(fraction of the KV cache in use, tokens per block, blocks) for /metrics' GIE gauges;
+        None: nothing to say (not loaded)."""
+        return None
 
     def running(self) -> int:
         """Sequences the engine has taken from its queue and not yet resolved."""
@@ -174,8 +195,36 @@ class EngineThread:
             "queued": self.workload.qsize(),
             "running": self.running(),
             "inflight": self.inflight(),
+            "stalled_s": round(self.stalled_s(), 1),  # with work held, since the last progress
             "settings": self.settings.shown(),
         }
+
+    def check_admission(
+        self, seqs: list[Sequence], *, max_ttft_s: float | None = None, max_total_s: float | None = None
+    ) -> Prediction:
+        """What `submit()` would raise for `seqs` now (ShuttingDown, NotReady, InvalidParams,
+        WaitTooLong), and its prediction, with nothing enqueued: a request thread asks before
+        work that only an admitted request needs (compiling its grammar). `submit()` decides."""
+        with self.lifecycle.admitting():
+            return self._admission(seqs, max_ttft_s, max_total_s)
+
+    def _admission(self, seqs: list[Sequence], max_ttft_s: float | None, max_total_s: float | None) -> Prediction:
+        """Under the lifecycle's lock: the prediction for `seqs`, or what refuses them. Refused
+        (WaitTooLong) if the predicted time to the first token (its 90th percentile) exceeds
+        `max_ttft_s`, or the predicted completion `max_total_s`, unless the engine is idle (an
+        idle engine admits whatever its clocks say: they may remember a slow spell, and only
+        admitted work corrects them); an unknown prediction admits up to `unmeasured_room`."""
+        self._check_token_ids(seqs)
+        if len(seqs) > self.workload.maxsize:  # no retry can make room for it: not a 429
+            message = f"{len(seqs)} sequences (prompts x n); the {self.name} engine's queue holds"
+            raise NeverFits(f"{message} at most {self.workload.maxsize}")
+        prediction = self.predict([work(seq) for seq in seqs])
+        if self.workload.inflight():
+            room = self.cost.unmeasured_room(self.workload.running(), self.workload.qsize())
+            _admit(self.name, prediction, max_ttft_s, max_total_s, room - len(seqs))
+        elif max_ttft_s is not None:  # the client's own deadline still holds
+            _admit(self.name, prediction, max_ttft_s, None, 0)
+        return prediction
 
     # --- the engine thread ---------------------------------------------------------------
     def _enter_phase(self, phase: str) -> None:
@@ -197,7 +246,55 @@ class EngineThread:
             log.info("%s engine loaded in %.1fs, after it was stopped", self.name, self.load_seconds)
             return
         log.info("%s engine ready in %.1fs %s", self.name, self.load_seconds, self.lifecycle.phase_seconds)
-        self._serve()
+        try:
+            self._serve()
+        except BaseException as exc:  # noqa: BLE001 - whatever ends the loop ends the engine
+            log.exception("%s engine thread died", self.name)
+            self._die(f"the engine thread died: {type(exc).__name__}: {exc}")
+
+    # --- crash-only: death, and the watchdog that finds a stall -------------------------------
+    def _progressed(self) -> None:
+        """The engine thread made progress (a turn of its loop that did work, a step, a round)."""
+        self._beat = time.monotonic()
+
+    def stalled_s(self) -> float:
+        """Seconds the engine has held work without progress (0 while idle). Progress: the
+        engine thread's last beat, a token of any sequence it took; the oldest queued sequence's
+        arrival stands for the moment it last had nothing to do, so an engine that was idle for
+        an hour is not stalled the instant a request comes."""
+        taken, queued = self.workload.taken(), self.workload.queued()
+        if not taken and not queued:
+            return 0.0
+        signs = [self._beat, *(s.last_token_at or s.started_at or s.created_at for s in taken)]
+        signs += [s.created_at for s in queued[:1]]
+        return max(0.0, time.monotonic() - max(signs))
+
+    def _watch(self) -> None:
+        """The watchdog thread: fails a ready engine that holds work and makes no progress."""
+        every = min(1.0, self.settings.stall_s / 4)
+        while not self.lifecycle.stopping.wait(every):
+            if self.lifecycle.died:
+                return
+            stalled = self.stalled_s() if self.lifecycle.ready else 0.0
+            if stalled > self.settings.stall_s:
+                log.error("%s engine: no progress for %.1fs with work held", self.name, stalled)
+                self._die(f"no progress for {stalled:.0f}s (ENGINE_STALL_S {self.settings.stall_s:g})")
+
+    def _die(self, error: str) -> None:
+        """Failed for good: what is held answered 503 at once, the death callbacks run."""
+        if not self.lifecycle.die(error):
+            return
+        died = EngineDied(f"the {self.name} engine failed: {error}")
+        held = self.workload.taken() + self.workload.drain()
+        for seq in held:
+            self.workload.release(seq)
+            seq.fail(died)
+        log.error("%s engine failed: %s; %d sequences answered 503", self.name, error, len(held))
+        for callback in self._on_death:
+            try:
+                callback(self.name, error)
+            except Exception:
+                log.exception("%s engine: a death callback failed", self.name)
 
     def _note_if_drained(self) -> None:
         """Engine thread, between rounds or steps."""
@@ -231,8 +328,16 @@ def work(seq: Sequence) -> Work:
     return Work(seq.params.max_tokens, seq.solo, len(seq.token_ids), seq.started_at)
 
 
-def _admit(engine: str, prediction: Prediction, max_ttft_s: float | None, max_total_s: float | None) -> None:
+def _admit(
+    engine: str, prediction: Prediction, max_ttft_s: float | None, max_total_s: float | None, room_after: int
+) -> None:
+    """Refuse (WaitTooLong) what the prediction says misses a limit. Unknown (the clocks have not
+    measured this load, or their samples aged out): with a limit, only what fits the cost
+    model's `unmeasured_room` is let in, so a flood cannot pile up work nobody can price."""
     if not prediction.known:
+        if (max_ttft_s is not None or max_total_s is not None) and room_after < 0:
+            message = f"the {engine} engine has not measured steps at this load yet and is full"
+            raise WaitTooLong(f"{message} ({prediction.ahead} sequences ahead)", prediction=prediction)
         return
     if max_ttft_s is not None and prediction.ttft_p90_s > max_ttft_s:
         message = f"predicted time to first token {prediction.ttft_p90_s * 1000:.0f} ms (90th percentile)"

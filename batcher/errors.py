@@ -9,6 +9,15 @@ class QueueFull(EngineError):
     """Not all of a request's sequences fit: none of them was enqueued (429)."""
 
 
+class NeverFits(EngineError):
+    """More sequences than the engine's queue can ever hold: no retry can succeed (400)."""
+
+
+class EngineDied(EngineError):
+    """The engine thread died or stopped making progress: what it held is answered with this
+    (503), and the process leaves so that its supervisor starts a fresh one (batcher/engine.py)."""
+
+
 class NotReady(EngineError):
     """The engine is still loading, or failed to load, or is disabled (503)."""
 

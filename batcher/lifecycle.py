@@ -2,6 +2,7 @@
 
     disabled                                         (VLLM_ENABLED off; final)
     loading -> [compiling ->] ready | failed         (the engine thread, as its start moves on)
+    ready -> failed                                  (die(): the engine thread died or stalled; final)
     any of those -> stopped                          (stop(); final: nothing moves it back)
     draining: from begin_drain() on, no new work; what is held goes on (any state but stopped)
 
@@ -37,6 +38,7 @@ class Lifecycle:
         self.draining = False
         self.held_at_drain = 0  # sequences queued or taken when the drain began
         self.abandoned = 0  # sequences that stop() answered 503 instead of finishing
+        self.died = False  # failed after it was ready (die()), not at its start
         self._phase_started = time.perf_counter()
         # the events other threads wait on, each set by one transition below
         self.settled = threading.Event()  # ready, failed, stopped or disabled: wait_ready returns
@@ -72,6 +74,16 @@ class Lifecycle:
             if phase in ("ready", "failed"):
                 self.error = error
                 self.settled.set()
+            return True
+
+    def die(self, error: str) -> bool:
+        """Ready -> failed: the engine thread died or made no progress. Final; a drain waiting on
+        it ends at once. False, and nothing changes, unless it was ready (a second death, a stop)."""
+        with self.lock:
+            if self.stopped or self.phase != "ready":
+                return False
+            self.phase, self.error, self.died = "failed", error, True
+            self.drained.set()
             return True
 
     def note_drained(self, inflight: Callable[[], int]) -> None:

@@ -3,7 +3,10 @@ build many apps in one process)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
 
 _SECONDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -18,6 +21,49 @@ _LATENCY = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0
 # fmt: on
 _RATIO = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
 _VLLM_LABELS = ["model_name", "engine"]  # vLLM's "engine" is an engine index; here static | vllm
+# what the Gateway API Inference Extension's endpoint picker reads of vllm:cache_config_info
+# (docs/proposals/003-model-server-protocol): the KV cache's block size in tokens and its blocks
+_CACHE_INFO_LABELS = [*_VLLM_LABELS, "block_size", "num_gpu_blocks"]
+
+# (fraction of the KV cache in use, tokens per block, blocks); block size and count are None where
+# the cache has no blocks (static batching)
+CacheState = tuple[float, int | None, int | None]
+
+
+class KVCacheCollector:
+    """vllm:kv_cache_usage_perc and vllm:cache_config_info of each engine, read when scraped (the
+    info series only for an engine whose cache has blocks, once it knows them)."""
+
+    def __init__(self, model_name: str):
+        self.model_name = model_name
+        self.engines: dict[str, Callable[[], CacheState | None]] = {}
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:  # the names, without reading any engine
+        yield from self._families()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        usage, info = self._families()
+        for engine, read in self.engines.items():
+            state = read()
+            fraction, block_size, blocks = state if state is not None else (0.0, None, None)
+            usage.add_metric([self.model_name, engine], fraction)
+            if block_size is not None and blocks is not None:  # an info metric: always 1, facts in labels
+                info.add_metric([self.model_name, engine, str(block_size), str(blocks)], 1.0)
+        yield usage
+        yield info
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+        return (
+            GaugeMetricFamily(
+                "vllm:kv_cache_usage_perc",
+                "KV cache in use, 0..1 (static: rows taken over BATCH_SIZE)",
+                labels=_VLLM_LABELS,
+            ),
+            GaugeMetricFamily(
+                "vllm:cache_config_info", "The KV cache's block size and blocks", labels=_CACHE_INFO_LABELS
+            ),
+        )
 
 
 class Metrics:
@@ -51,6 +97,8 @@ class Metrics:
             "vllm:num_requests_running", "Sequences in a running round or step", _VLLM_LABELS, registry=r
         )
         self.num_waiting = Gauge("vllm:num_requests_waiting", "Sequences queued", _VLLM_LABELS, registry=r)
+        self.kv_cache = KVCacheCollector(model_name)
+        r.register(self.kv_cache)
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens prefilled", _VLLM_LABELS, registry=r)
         self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated", _VLLM_LABELS, registry=r)
         self.ttft = Histogram(
@@ -90,10 +138,17 @@ class Metrics:
             registry=r,
         )
 
-    def watch(self, engine: str, running, waiting) -> None:
-        """The gauges of `engine`, read from its own counts when scraped."""
+    def watch(
+        self,
+        engine: str,
+        running: Callable[[], int],
+        waiting: Callable[[], int],
+        kv_cache: Callable[[], CacheState | None],
+    ) -> None:
+        """The gauges of `engine`, read from its own counts and its KV cache when scraped."""
         self.num_running.labels(self.model_name, engine).set_function(running)
         self.num_waiting.labels(self.model_name, engine).set_function(waiting)
+        self.kv_cache.engines[engine] = kv_cache
 
     def finished(self, engine: str, seq) -> None:
         """A sequence the engine finished (not failed): its latencies, tokens and prediction."""

@@ -28,11 +28,20 @@ import heapq
 import math
 import statistics
 import time
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from types import MappingProxyType
 
 WINDOW = 5  # measurements kept per width
+# seconds a measurement counts for: long enough to span a few of the longest rounds (512 tokens at
+# ~0.1 s a step) and the gaps of a bursty load, short enough that a slow spell (a CPU hog, the
+# other engine's compile) is forgotten two minutes after its end even if nothing is admitted
+# meanwhile (an idle engine admits at once anyway: batcher/engine.py)
+MAX_AGE_S = 120.0
+# static rounds an engine with nothing fresh measured holds (running, then queued): a burst of a few
+# requests after a quiet spell (the e2e suite sends 11 sequences at once) fits, a flood does not
+UNMEASURED_ROUNDS = 4
 
 
 @dataclass(frozen=True)
@@ -82,40 +91,61 @@ class Prediction:
 
 
 class WidthClock:
-    """Seconds by batch width: the low median of the last WINDOW measurements at each width.
+    """Seconds by batch width: the low median of the last WINDOW measurements at each width, of
+    those younger than MAX_AGE_S.
     A median, not a running mean, because a process's first rounds at a new shape can be many
     times slower than the rest (allocator and kernel set-up, a starved CPU): one such outlier is
     outvoted by the next normal round (the low median of two is the smaller), and the estimate
-    still follows a change of load within WINDOW // 2 + 1 rounds."""
+    still follows a change of load within WINDOW // 2 + 1 rounds.
+    Samples age: only admitted work measures, so a clock that a busy spell taught slow steps would
+    otherwise refuse the work that could correct it, for good (a 429 on an idle engine). A width
+    whose samples have all aged out is unmeasured again.
+    A width never measured (or aged out) gets an upper bound, never a narrower width's price,
+    which under a flood priced width 64 at width 1's and admitted work that then timed out (504):
+    the nearest wider width measured (a step never gets cheaper with more rows), else the nearest
+    narrower one scaled by the ratio of widths (a row never costs more in a wider step: weights
+    are read once per step whatever its width; measured here, fp32 linears took 44 ms at 1 row
+    and 175 at 64, fp16 17 and 845). Pessimistic until the width runs, and then measured. With no
+    fresh sample at any width it is unknown (None). `now`: the clock (a seam for tests)."""
 
-    def __init__(self) -> None:
-        self._by_width: MappingProxyType[int, tuple[float, ...]] = MappingProxyType({})
+    def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
+        self._now = now
+        # width -> ((when, seconds), ...), oldest first
+        self._by_width: MappingProxyType[int, tuple[tuple[float, float], ...]] = MappingProxyType({})
 
     def observe(self, width: int, seconds: float) -> None:
         """The engine thread only."""
         by_width = dict(self._by_width)
-        by_width[width] = (*by_width.get(width, ())[-(WINDOW - 1) :], seconds)
+        by_width[width] = (*by_width.get(width, ())[-(WINDOW - 1) :], (self._now(), seconds))
         self._by_width = MappingProxyType(by_width)
 
+    def _fresh(self) -> dict[int, list[float]]:
+        """The samples younger than MAX_AGE_S, by width (widths with none left out)."""
+        oldest = self._now() - MAX_AGE_S
+        fresh = {w: [s for when, s in samples if when >= oldest] for w, samples in self._by_width.items()}
+        return {w: samples for w, samples in fresh.items() if samples}
+
     def at(self, width: int) -> float | None:
-        """The estimate at `width`, else at the nearest width measured (the wider on a tie)."""
-        snapshot = self._by_width
-        if not snapshot:
+        """The estimate at `width`, else its bound from the nearest width measured, else None."""
+        fresh = self._fresh()
+        if not fresh:
             return None
-        if width not in snapshot:
-            width = min(snapshot, key=lambda w: (abs(w - width), -w))
-        return statistics.median_low(snapshot[width])
+        wider = [w for w in fresh if w >= width]
+        if wider:
+            return statistics.median_low(fresh[min(wider)])
+        narrower = max(fresh)
+        return statistics.median_low(fresh[narrower]) * width / narrower
 
     def shown(self) -> dict[str, float]:
-        return {str(w): round(statistics.median_low(s) * 1000, 2) for w, s in sorted(self._by_width.items())}
+        return {str(w): round(statistics.median_low(s) * 1000, 2) for w, s in sorted(self._fresh().items())}
 
 
 class StaticCost:
     """A round of width w, m steps: prefill(w) + (m - 1) * step(w)."""
 
-    def __init__(self, batch_size: int, wait_s: float):
+    def __init__(self, batch_size: int, wait_s: float, now: Callable[[], float] = time.monotonic):
         self.batch_size, self.wait_s = batch_size, wait_s
-        self.prefill, self.step = WidthClock(), WidthClock()
+        self.prefill, self.step = WidthClock(now), WidthClock(now)
 
     def observe(self, width: int, prefill_s: float, steps: int, seconds: float) -> None:
         """A round ran: `prefill_s` until its first token, `steps` tokens in its longest row,
@@ -126,6 +156,13 @@ class StaticCost:
 
     def shown(self) -> dict:
         return {"prefill_ms": self.prefill.shown(), "step_ms": self.step.shown()}
+
+    def unmeasured_room(self, running: int, queued: int) -> int:
+        """Sequences more it takes while its prediction is unknown (nothing fresh measured): the
+        round running and UNMEASURED_ROUNDS - 1 full rounds behind it. A count, as TGI sheds by
+        count: what waits behind it is a few rounds however long rounds take, and the first of
+        them measures the clocks."""
+        return UNMEASURED_ROUNDS * self.batch_size - running - queued
 
     def _round_s(self, width: int, steps: int) -> float | None:
         prefill, step = self.prefill.at(width), self.step.at(width)
@@ -180,9 +217,9 @@ class StaticCost:
 class VLLMCost:
     """Steps of the engine at width w: step(w) to decode, prefill(w) for a step that admits."""
 
-    def __init__(self, max_num_seqs: int):
+    def __init__(self, max_num_seqs: int, now: Callable[[], float] = time.monotonic):
         self.max_num_seqs = max_num_seqs
-        self.prefill, self.step = WidthClock(), WidthClock()
+        self.prefill, self.step = WidthClock(now), WidthClock(now)
 
     def observe(self, width: int, seconds: float, *, admitted: bool) -> None:
         """One engine step of `width` sequences; `admitted`: new ones joined at it."""
@@ -190,6 +227,11 @@ class VLLMCost:
 
     def shown(self) -> dict:
         return {"prefill_ms": self.prefill.shown(), "step_ms": self.step.shown()}
+
+    def unmeasured_room(self, running: int, queued: int) -> int:
+        """Sequences more it takes while its prediction is unknown: what joins at the next step,
+        with no queue (the steps that run them measure the width)."""
+        return self.max_num_seqs - running - queued
 
     def predict(self, running: Seq[Work], queued: Seq[Work], new: Seq[Work]) -> Prediction:
         ahead = len(running) + len(queued)

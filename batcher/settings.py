@@ -24,6 +24,7 @@ class StaticSettings:
     max_input_tokens: int
     max_new_tokens: int  # the largest max_tokens a request may ask for (MAX_NEW_TOKENS_LIMIT)
     torch_threads: int  # 0: every core the process may use
+    stall_s: float  # ENGINE_STALL_S: holding work with no progress this long fails the engine
 
     def shown(self) -> dict:
         """What /health shows: the resolved choices, not the paths or sizes."""
@@ -45,6 +46,7 @@ class VLLMSettings:
     gpu_memory_utilization: float  # GPU only
     max_inbox: int
     tensor_parallel_size: int
+    stall_s: float  # ENGINE_STALL_S
 
     def shown(self) -> dict:
         shown = ("device", "dtype", "enforce_eager", "reason")

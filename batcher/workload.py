@@ -36,8 +36,14 @@ class Workload:
         self._taken: dict[str, Sequence] = {}  # by id, in the order taken
 
     def qsize(self) -> int:
-        """Queued sequences (cancelled ones not yet drained included)."""
-        return len(self._waiting)
+        """Queued sequences, not counting cancelled ones: a cancelled sequence frees its place in
+        the bound at once, though it stays in the queue until the consumer passes it
+        (`purge_cancelled`, or `next_batch` on its way)."""
+        with self._lock:
+            return self._live()
+
+    def _live(self) -> int:
+        return sum(not seq.cancelled for seq in self._waiting)  # at most `maxsize` live, a few µs
 
     def queued(self) -> list[Sequence]:
         """The queued sequences, oldest first: a snapshot (cancelled ones included)."""
@@ -67,7 +73,7 @@ class Workload:
 
     def put_all(self, seqs: list[Sequence]) -> None:
         with self._lock:
-            queued = len(self._waiting)
+            queued = self._live()
             if queued + len(seqs) > self.maxsize:
                 raise QueueFull(f"queue holds {queued} of {self.maxsize} sequences; {len(seqs)} more do not fit")
             self._waiting.extend(seqs)
@@ -119,6 +125,36 @@ class Workload:
             if deadline is None and wait_s > 0:
                 deadline = time.monotonic() + wait_s
         return batch
+
+    def purge_cancelled(self) -> int:
+        """The consumer only: drop the cancelled sequences still queued (each finished
+        "cancelled"), so that an engine with no room to take work, such as a vLLM engine with
+        every slot busy, does not keep them. Returns how many it dropped."""
+        with self._lock:
+            if self._live() == len(self._waiting):
+                return 0
+            self._pull()
+            kept = collections.deque(seq for seq in self._carry if not seq.cancelled)
+            dropped = [seq for seq in self._carry if seq.cancelled]
+            self._carry, self._waiting = kept, collections.deque(kept)
+        for seq in dropped:
+            seq.finish("cancelled")
+        return len(dropped)
+
+    def _pull(self) -> None:
+        """Everything put so far into `_carry` (the consumer's), in order; a wake-up is kept."""
+        woken = False
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                woken = True
+            else:
+                self._carry.extend(item)
+        if woken:
+            self._queue.put_nowait(None)
 
     def drain(self) -> list[Sequence]:
         """Take everything left (shutdown); the caller resolves them."""

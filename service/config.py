@@ -21,6 +21,14 @@ VLLM_AS_SET = (
 )
 
 
+# Threads a generate request never takes (MAX_INFLIGHT_REQUESTS' default is THREADS less these):
+# they answer /health, /metrics and the 429s past the cap. The GIL runs those answers one at a
+# time, so more threads would not drain a flood faster; a few spare ones cover clients that send
+# a body slowly (gunicorn gives one 5 s before it lets go of the thread) while a probe still
+# finds one free.
+PROBE_THREADS = 8
+
+
 def _flag(value: str) -> bool:
     return value.strip().lower() in ("1", "true", "yes", "on")
 
@@ -53,6 +61,18 @@ class Config:
     max_n: int = 8  # largest n (completions per prompt) a request may ask for
     max_body_bytes: int = 1 << 20
     request_timeout_s: float = 120.0
+    # an engine that holds work and makes no progress (no token, no finished round or step) for
+    # this long is failed: /health 503, its requests 503, and the process leaves (crash-only)
+    engine_stall_s: float = 300.0
+    # xgrammar's cache of compiled grammars, per process (vLLM caps its own at 512 MB)
+    grammar_cache_mb: int = 512
+    # gunicorn's gthread threads (gunicorn.conf.py reads this field): a request holds one while
+    # it is served, a generate request until its reply or stream ends
+    threads: int = 128
+    # generate requests (every route that runs prompts) served at once; past it, 429 `too_busy` at
+    # once (service/inflight.py). 0: THREADS - PROBE_THREADS, the threads left for /health, /metrics
+    # and the refusals themselves
+    max_inflight_requests: int = 0
     torch_threads: int = 0  # 0: every core the process may use
     # auto: from the profile on a CPU (fp32 eager without one); compiled on a GPU
     static_compile: str = "auto"  # auto | 0 | 1
@@ -82,6 +102,14 @@ class Config:
             raise ValueError("MAX_INPUT_TOKENS and MAX_PROMPTS_PER_REQUEST must be >= 1")
         if self.request_timeout_s <= 0:
             raise ValueError(f"REQUEST_TIMEOUT_S must be > 0, got {self.request_timeout_s}")
+        if self.engine_stall_s <= 0:
+            raise ValueError(f"ENGINE_STALL_S must be > 0, got {self.engine_stall_s}")
+        if self.grammar_cache_mb < 1:
+            raise ValueError(f"GRAMMAR_CACHE_MB must be >= 1, got {self.grammar_cache_mb}")
+        if not 0 < self.inflight_limit < self.threads:  # 0 is the default: THREADS - PROBE_THREADS
+            raise ValueError(
+                f"MAX_INFLIGHT_REQUESTS must lie in 1..THREADS - 1, got {self.inflight_limit} (THREADS {self.threads})"
+            )
         if self.vllm_tensor_parallel_size < 1:
             raise ValueError(f"VLLM_TENSOR_PARALLEL_SIZE must be >= 1, got {self.vllm_tensor_parallel_size}")
         if self.dtype not in ("auto", "bfloat16", "float16", "float32"):
@@ -114,6 +142,11 @@ class Config:
     def api_keys(self) -> list[str]:
         return [key.strip() for key in self.api_key.split(",") if key.strip()]
 
+    @property
+    def inflight_limit(self) -> int:
+        """MAX_INFLIGHT_REQUESTS, or THREADS less the threads kept for the probes."""
+        return self.max_inflight_requests or self.threads - PROBE_THREADS
+
     # --- each engine's slice, every auto resolved (batcher/device.py; imported here, not at the
     # top, because it imports torch and deploy/ and the gunicorn master read Config without it)
     def static_engine(self, model_path: str) -> StaticSettings:
@@ -135,6 +168,7 @@ class Config:
             max_input_tokens=self.max_input_tokens,
             max_new_tokens=self.max_new_tokens_limit,
             torch_threads=self.torch_threads,
+            stall_s=self.engine_stall_s,
         )
 
     def vllm_engine(self, model_path: str) -> VLLMSettings:
@@ -150,6 +184,7 @@ class Config:
             enforce_eager=picked.eager,
             reason=picked.reason,
             max_input_tokens=self.max_input_tokens,
+            stall_s=self.engine_stall_s,
             # the rest as VLLM_<NAME> sets them
             **{name: getattr(self, f"vllm_{name}") for name in VLLM_AS_SET},
         )

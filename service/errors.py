@@ -9,8 +9,10 @@ from flask import Blueprint, Flask, Response, jsonify
 from werkzeug.exceptions import HTTPException
 
 from batcher.errors import (
+    EngineDied,
     EngineError,
     InvalidParams,
+    NeverFits,
     NotReady,
     QueueFull,
     RoundFailed,
@@ -70,11 +72,19 @@ class DeadlineExceeded(ApiError):
     status, type = 504, "deadline_exceeded"
 
 
+class TooBusy(ApiError):
+    """MAX_INFLIGHT_REQUESTS generate requests in flight already (service/inflight.py)."""
+
+    status, type = 429, "too_busy"
+
+
 # engine errors -> (status, type)
 ENGINE_STATUS: dict[type, tuple[int, str]] = {
     InvalidParams: (422, "invalid_request"),
+    NeverFits: (400, "request_too_large"),
     QueueFull: (429, "queue_full"),
     WaitTooLong: (429, "wait_too_long"),
+    EngineDied: (503, "engine_failed"),
     NotReady: (503, "engine_unavailable"),
     ShuttingDown: (503, "shutting_down"),
     RoundFailed: (500, "generation_failed"),

@@ -18,19 +18,27 @@ def _predicted(prompts: int, max_tokens: int) -> dict:
 @bp.get("/health")
 def health():
     """200 once the static engine (the one every deployment has) is ready; 503 before, and 503
-    "draining" from SIGTERM on, so that a balancer stops sending work at once.
-    The vLLM engine's state is reported beside it and does not decide the code."""
+    "draining" from SIGTERM on, so that a balancer stops sending work at once; 503 "failed" once
+    any engine died after it was ready (its thread raised, or it held work and made no progress
+    for ENGINE_STALL_S), naming it and the error in `failed`: the process leaves then, under
+    gunicorn, and a fresh one starts. A vLLM engine that failed to *start* is reported beside
+    the static one and does not decide the code."""
     engines = current_app.extensions["engines"]
     body = {name: eng.health() for name, eng in engines.items()}
     for name, load in _predicted(1, current_app.config["SERVICE"].max_new_tokens).items():
         body[name]["predicted"] = load
     ready = body["static"]["status"] == "ready"
-    if any(eng.draining for eng in engines.values()):
+    died = {name: eng.error for name, eng in engines.items() if eng.lifecycle.died}
+    if died:
+        status = "failed"
+    elif any(eng.draining for eng in engines.values()):
         status = "draining"
     else:
         status = "ok" if ready else "unavailable"
     peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux: VmHWM
     reply = {"status": status, "engines": body, "peak_memory_gib": round(peak_gib, 3)}
+    if died:
+        reply["failed"] = died
     return jsonify(reply), 200 if status == "ok" else 503
 
 

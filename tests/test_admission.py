@@ -172,8 +172,10 @@ def test_vllm_routes_refuse_a_deadline_no_first_token_can_meet(vllm_client, path
 
 
 def test_load_predicts_per_engine_for_the_sizes_asked(vllm_client):
+    # each engine measured at the widths asked below: a width never measured is unknown, and one
+    # is bounded by a wider one (batcher/predict.py)
     assert post(vllm_client, "/generate", {"prompts": ["Warm"] * 4, "max_tokens": 4}).status_code == 200
-    assert post(vllm_client, "/generate_vllm", {"prompts": ["Warm"], "max_tokens": 4}).status_code == 200
+    assert post(vllm_client, "/generate_vllm", {"prompts": ["Warm"] * 8, "max_tokens": 4}).status_code == 200
     one = vllm_client.get("/load").json["engines"]
     four = vllm_client.get("/load?prompts=8&max_tokens=64").json["engines"]
     for name in ("static", "vllm"):
@@ -200,8 +202,8 @@ def test_metrics_under_vllms_names_count_both_engines(vllm_client):
                     return s.value
         return None
 
-    for path in ("/generate", "/generate_vllm"):  # measured once: the requests below are predicted
-        assert post(vllm_client, path, {"prompts": ["Warm"], "max_tokens": 4}).status_code == 200
+    for path in ("/generate", "/generate_vllm"):  # measured at width 2: the requests below are predicted
+        assert post(vllm_client, path, {"prompts": ["Warm", "Up"], "max_tokens": 4}).status_code == 200
     before = vllm_client.get("/metrics").get_data(as_text=True)
     body = {"prompts": ["Count me", "And me"], "max_tokens": 4, "ignore_eos": True}
     for path in ("/generate", "/generate_vllm"):

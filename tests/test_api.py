@@ -198,14 +198,36 @@ def tiny_queue_app():
         yield app
 
 
-def test_a_full_queue_answers_429_with_retry_after_and_enqueues_nothing(tiny_queue_app):
+def test_a_request_the_queue_could_never_hold_is_a_400_naming_both_sizes(tiny_queue_app):
     engine = tiny_queue_app.extensions["engines"]["static"]
     r = post(tiny_queue_app.test_client(), "/generate", {"prompts": ["a", "b", "c", "d"]})
-    assert r.status_code == 429 and r.json["type"] == "queue_full"
-    assert int(r.headers["Retry-After"]) >= 1
+    assert r.status_code == 400 and r.json["type"] == "request_too_large", r.json  # no retry could fit it
+    assert "4 sequences" in r.json["error"] and "at most 3" in r.json["error"] and "Retry-After" not in r.headers
     assert engine.inflight() == 0
     ok = post(tiny_queue_app.test_client(), "/generate", {"prompts": ["a", "b", "c"], "max_tokens": 2})
     assert ok.status_code == 200
+
+
+def test_a_full_queue_answers_429_with_retry_after_and_enqueues_nothing(tiny_queue_app, held_rounds):
+    engine, replies = tiny_queue_app.extensions["engines"]["static"], []
+
+    def send(body):
+        t = threading.Thread(target=lambda: replies.append(post(tiny_queue_app.test_client(), "/generate", body)))
+        t.start()
+        return t
+
+    threads = [send({"prompts": ["held"], "max_tokens": 2})]  # taken, its round held by the test
+    wait_until(lambda: engine.running() == 1, what="the held round")
+    threads.append(send({"prompts": ["a", "b", "c"], "max_tokens": 2}))  # the queue, full
+    wait_until(lambda: engine.workload.qsize() == 3, what="a full queue")
+    r = post(tiny_queue_app.test_client(), "/generate", {"prompts": ["one more"]})
+    assert r.status_code == 429 and r.json["type"] == "queue_full"
+    assert int(r.headers["Retry-After"]) >= 1
+    assert engine.workload.qsize() == 3  # nothing of it enqueued
+    held_rounds()
+    for t in threads:
+        t.join(120)
+    assert [reply.status_code for reply in replies] == [200, 200]
 
 
 def test_a_disabled_vllm_engine_answers_503_with_the_reason(tiny_queue_app):

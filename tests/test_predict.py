@@ -6,6 +6,7 @@ import pytest
 
 from batcher.calibration import CALIBRATION_MIN, CALIBRATION_WINDOW, Calibration
 from batcher.predict import (
+    MAX_AGE_S,
     Prediction,
     StaticCost,
     VLLMCost,
@@ -14,7 +15,7 @@ from batcher.predict import (
 )
 
 
-def test_a_clock_knows_nothing_until_fed_then_follows_the_nearest_width():
+def test_a_clock_knows_nothing_until_fed_then_bounds_a_width_it_has_not_measured():
     clock = WidthClock()
     assert clock.at(4) is None
     clock.observe(1, 0.10)
@@ -24,7 +25,43 @@ def test_a_clock_knows_nothing_until_fed_then_follows_the_nearest_width():
     for seconds in (0.5, 0.5, 0.5):  # the load changed: three rounds follow it
         clock.observe(4, seconds)
     assert clock.at(4) == 0.5
-    assert clock.at(3) == clock.at(4) and clock.at(2) == clock.at(1)  # the nearest width measured
+    assert clock.at(3) == clock.at(2) == clock.at(4)  # bounded by the wider width measured
+    assert clock.at(8) == 1.0  # a narrower one's, scaled by the widths: never its price as it is
+
+
+class FakeTime:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_clocks_samples_age_out_and_leave_it_unknown():
+    now = FakeTime()
+    clock = WidthClock(now)
+    clock.observe(1, 0.3)
+    now.now += MAX_AGE_S / 2
+    clock.observe(1, 0.3)
+    assert clock.at(1) == 0.3
+    now.now += MAX_AGE_S / 2 + 1  # the first sample aged out, the second has not
+    clock.observe(1, 0.01)
+    assert clock.at(1) == 0.01 and clock.shown() == {"1": 10.0}  # low median of (0.3, 0.01)
+    now.now += MAX_AGE_S + 1
+    assert clock.at(1) is None and clock.shown() == {}
+
+
+def test_vllm_never_prices_a_wider_engine_at_width_ones_price():
+    # issue 41: 300 concurrent requests met clocks that had measured width 1 only, and 64 of them
+    # were admitted at width-1 prices, then timed out (504)
+    cost = VLLMCost(max_num_seqs=64)
+    cost.observe(1, 0.05, admitted=True)
+    cost.observe(1, 0.02, admitted=False)
+    alone = cost.predict([], [], [Work(64)])
+    assert alone.total_s == pytest.approx(0.05 + 63 * 0.02)
+    eleventh = cost.predict([Work(64, produced=1)] * 10, [], [Work(64)])  # width 11, never measured
+    assert eleventh.total_s == pytest.approx(0.02 / 2 * 11 + 0.05 * 11 + 63 * 0.02 * 11)
+    assert cost.unmeasured_room(10, 0) == 54  # what it would take with nothing fresh: no queue
 
 
 def test_static_is_unknown_cold_then_counts_the_rounds_ahead():

@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from batcher import fence
+from batcher import failpoints, fence
 from batcher.engine import EngineThread
 from batcher.errors import RoundFailed, RowFailed, ShuttingDown
 from batcher.metrics import Metrics
@@ -51,6 +51,13 @@ class ModelWorker(EngineThread):
     def health(self) -> dict:
         return {**super().health(), "rounds": self.rounds}
 
+    def kv_cache(self) -> tuple[float, None, None]:
+        """Defined honestly: no paged cache, only the rows of one round (a left-padded batch of at
+        most BATCH_SIZE, with STATIC_COMPILE a cache of exactly BATCH_SIZE rows), so "in use" is
+        the rows taken over the rows a round holds. A full round reads 1.0, as a full vLLM cache
+        does: a newcomer waits for the next round. No blocks."""
+        return min(1.0, self.running() / self.batch_size), None, None
+
     # --- the model thread ----------------------------------------------------------------
     def _load(self) -> None:
         # transformers sets torch's default dtype while it builds the model, as vLLM does: fenced
@@ -70,7 +77,9 @@ class ModelWorker(EngineThread):
             if batch and self.lifecycle.stopping.is_set():  # taken while stop() was abandoning
                 self._abandon()
             if batch:
+                failpoints.hit("static.round")
                 self._run_round(batch)
+                self._progressed()
             self._note_if_drained()
         self._fail_waiting("the static engine shut down before this prompt ran")
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
-from batcher import fence
+from batcher import failpoints, fence
 from batcher.engine import EngineThread
 from batcher.errors import RoundFailed, ShuttingDown
 from batcher.metrics import Metrics
@@ -66,6 +66,15 @@ class VLLMWorker(EngineThread):
     def health(self) -> dict:
         return {**super().health(), "steps": self.steps, "eager": self.settings.enforce_eager}
 
+    def kv_cache(self) -> tuple[float, int, int] | None:
+        """vLLM's own KV cache, for /metrics: (fraction of its blocks in use, tokens per block,
+        blocks), read from the in-process scheduler without a lock (a gauge may be a step old);
+        None until the engine is built."""
+        if self.engine is None:
+            return None
+        cache, scheduler = self.engine.vllm_config.cache_config, self.engine.engine_core.engine_core.scheduler
+        return scheduler.get_kv_cache_usage(), cache.block_size, cache.num_gpu_blocks
+
     # --- the engine thread ---------------------------------------------------------------
     def _build_engine(self):
         # In-process engine: no multiprocessing hop, the same one-process design as the static
@@ -106,8 +115,11 @@ class VLLMWorker(EngineThread):
         while not self.lifecycle.stopping.is_set():
             began = self._admit()
             self._abort_cancelled()
+            self.workload.purge_cancelled()  # also while every slot is busy and nothing is taken
             if self.workload.running():
+                failpoints.hit("vllm.step")
                 self._step(began)
+                self._progressed()
             self._note_if_drained()
         self._shutdown()
 
@@ -153,7 +165,9 @@ class VLLMWorker(EngineThread):
         width, admitted = self.workload.running(), self._admitted
         self._admitted = False
         try:
+            waiting = time.perf_counter()
             with fence.model_work():  # never while the static engine compiles (fence.py)
+                began += time.perf_counter() - waiting  # the clock times the step, not that wait
                 outputs = self.engine.step()
         except Exception as exc:  # fail what was in the engine; the thread lives on
             log.exception("vLLM step %d failed", self.steps)
