@@ -1,6 +1,9 @@
 """Structured outputs: what a request constrains its text to (`StructuredSpec`), compiled once in
 the request thread with xgrammar, the library vLLM's own default backend uses, so that a spec
-means the same grammar on both engines.
+means the same grammar on both engines. The compiler's cache of compiled grammars is capped in
+bytes by the caller (the service's GRAMMAR_CACHE_MB, vLLM's 512 MB): uncapped, every distinct
+schema stayed for the life of the process (the worker's RSS grew about 2 MiB per small schema,
+400 of them, 2026-12-03).
 
 The static engine masks each constrained row with the compiled grammar (batcher/static/constraint.py);
 the vLLM engine gets the spec as `StructuredOutputsParams` (`vllm_params`) and compiles it with
@@ -15,6 +18,7 @@ bounded always closes.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import threading
@@ -29,11 +33,13 @@ COMPACT = (",", ":")  # JSON separators without whitespace (vLLM's disable_any_w
 class StructuredSpec:
     """One constraint: `kind` (one of KINDS) and its `value`: the JSON schema as JSON text, the
     regex, the choices (a tuple), the EBNF or Lark grammar, or the structural tag as JSON text
-    (json_object: ""). `compiled`: the grammar compiled for this process's model, set by
-    `compile()`; it is not part of the spec's identity."""
+    (json_object: ""). `param`: the request field it came from, which a refusal names (the
+    engines never read it). `compiled`: the grammar compiled for this process's model, set by
+    `compile()`, the last step before the spec is enqueued; neither is part of its identity."""
 
     kind: str
     value: str | tuple[str, ...] = ""
+    param: str = field(default="", compare=False)
     compiled: object = field(default=None, compare=False, repr=False)
     compile_ms: float | None = field(default=None, compare=False, repr=False)
 
@@ -49,25 +55,36 @@ class GrammarError(ValueError):
 _compiler_lock = threading.Lock()
 
 
-def compiler(model_path: str):
+def compiler(model_path: str, cache_limit_bytes: int):
     """The xgrammar compiler of one model's tokenizer: its TokenizerInfo is built once per process
     (it reads the whole vocabulary); compiled grammars are kept in the compiler's own cache, keyed
-    by what was compiled, so the same spec compiles once. Under a lock: `functools.cache` alone
-    lets every request that arrives before the first build ends build its own, and ten tool calls
-    sent at once to a fresh server took 18 s to compile their grammar instead of 1 (one core, 2026-12-03)."""
+    by what was compiled, so the same spec compiles once, and the least recently used leave it
+    once it holds `cache_limit_bytes` (xgrammar's own count, which it may pass a little). Under a
+    lock: `functools.cache` alone lets every request that arrives before the first build ends
+    build its own, and ten tool calls sent at once to a fresh server took 18 s to compile their
+    grammar instead of 1 (one core, 2026-12-03)."""
+    if cache_limit_bytes < 1:  # xgrammar reads -1 as no limit at all: the leak this cap ends
+        raise ValueError(f"the grammar cache limit must be >= 1 byte, got {cache_limit_bytes}")
     with _compiler_lock:
-        return _compiler(model_path)
+        return _compiler(model_path, cache_limit_bytes)
 
 
 @functools.cache
-def _compiler(model_path: str):
+def _compiler(model_path: str, cache_limit_bytes: int):
+    import xgrammar as xgr
+
+    return xgr.GrammarCompiler(_tokenizer_info(model_path), cache_limit_bytes=cache_limit_bytes)
+
+
+@functools.cache
+def _tokenizer_info(model_path: str):
     import xgrammar as xgr
     from transformers import AutoConfig, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     # the model's logits width, as vLLM passes it: the bitmask must cover every logit
     vocab_size = AutoConfig.from_pretrained(model_path).vocab_size
-    return xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size))
+    return xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
 
 
 def is_lark(grammar: str) -> bool:
@@ -85,9 +102,10 @@ def choice_grammar(choices: tuple[str, ...]) -> str:
     return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
 
 
-def compile(spec: StructuredSpec, model_path: str) -> StructuredSpec:
-    """The spec with its grammar compiled (raises GrammarError); a cache hit is microseconds."""
-    xgr_compiler = compiler(model_path)
+def compile(spec: StructuredSpec, model_path: str, cache_limit_bytes: int) -> StructuredSpec:
+    """The spec with its grammar compiled (raises GrammarError); a cache hit is microseconds.
+    `cache_limit_bytes`: the compiler's cache cap (`compiler()`)."""
+    xgr_compiler = compiler(model_path, cache_limit_bytes)
     started = time.perf_counter()
     try:
         if spec.kind == "json":
@@ -108,7 +126,7 @@ def compile(spec: StructuredSpec, model_path: str) -> StructuredSpec:
     if not _allows_a_token(compiled):
         raise GrammarError("it allows no text at all: no token can start it")
     elapsed = (time.perf_counter() - started) * 1000
-    return StructuredSpec(spec.kind, spec.value, compiled=compiled, compile_ms=elapsed)
+    return dataclasses.replace(spec, compiled=compiled, compile_ms=elapsed)
 
 
 def _allows_a_token(compiled) -> bool:

@@ -28,7 +28,7 @@ class SamplingParams:
     min_p: float = 0.0
     min_tokens: int = 0  # EOS, stop_token_ids and stop strings only count after this many tokens
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs, sorted by id
-    structured: StructuredSpec | None = None  # the text's grammar, compiled (batcher/grammar.py)
+    structured: StructuredSpec | None = None  # the text's grammar, compiled as it is enqueued (batcher/grammar.py)
 
     @property
     def greedy(self) -> bool:

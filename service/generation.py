@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import queue
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from flask import current_app, g
@@ -19,8 +19,8 @@ from flask import current_app, g
 from batcher.errors import WaitTooLong
 from batcher.predict import Prediction
 from batcher.sampling import SamplingParams
-from batcher.sequence import Sequence
-from service import admission
+from batcher.sequence import Prompt, Sequence
+from service import admission, structured
 from service.errors import DeadlineExceeded
 
 
@@ -28,6 +28,9 @@ class Engine(Protocol):
     name: str
 
     def check_available(self) -> None: ...  # raises what submit() would for any request
+
+    # raises what submit() would for these sequences now, and enqueues nothing
+    def check_admission(self, seqs: list[Sequence], *, max_ttft_s=None, max_total_s=None) -> Prediction: ...
 
     def submit(self, seqs: list[Sequence], *, max_ttft_s=None, max_total_s=None) -> Prediction: ...
 
@@ -44,12 +47,38 @@ def deadline_exceeded(timeout: float) -> DeadlineExceeded:
     return DeadlineExceeded(f"request took longer than {timeout:g}s")
 
 
-def submit(eng: Engine, seqs: list[Sequence]) -> None:
-    """Submit under the request's deadline (service/admission.py) and REQUEST_TIMEOUT_S; the
-    prediction, admitted or refused, is kept for the reply's `x-predicted-wait` header."""
-    limit = admission.max_ttft_s()
+def submit(
+    eng: Engine,
+    prompts: list[Prompt],
+    params: SamplingParams,
+    n: int = 1,
+    *,
+    pieces: queue.SimpleQueue | None = None,
+    solo=False,
+) -> list[Sequence]:
+    """The request's sequences (`fan_out`), enqueued on `eng` under the request's deadline
+    (service/admission.py) and REQUEST_TIMEOUT_S; the prediction, admitted or refused, is kept for
+    the reply's `x-predicted-wait` header.
+
+    A grammar is compiled here, last: after the context-length check (the views ran it) and after
+    the engine's own dry run of its admission (nothing enqueued), so that a request refused with
+    a 400, 429 or 503 spends no CPU on its grammar and takes no room in xgrammar's cache.
+    `submit()` then admits again: what is enqueued is what was predicted under the engine's lock."""
+    seqs = fan_out(prompts, params, n, pieces=pieces, solo=solo)
+    if not seqs:
+        return seqs
+    if params.structured is not None and params.structured.compiled is None:
+        _admitted(eng.check_admission, seqs)
+        params = structured.compile_params(params, current_app.config["SERVICE"])
+        seqs = fan_out(prompts, params, n, pieces=pieces, solo=solo)
+    _admitted(eng.submit, seqs)
+    return seqs
+
+
+def _admitted(admit: Callable[..., Prediction], seqs: list[Sequence]) -> None:
+    """`admit(seqs)` (the engine's `submit` or its dry run) under the request's deadlines."""
     try:
-        g.predicted = eng.submit(seqs, max_ttft_s=limit, max_total_s=_timeout())
+        g.predicted = admit(seqs, max_ttft_s=admission.max_ttft_s(), max_total_s=_timeout())
     except WaitTooLong as exc:
         g.predicted = exc.prediction
         raise
@@ -68,10 +97,9 @@ def fan_out(
 
 def complete(eng: Engine, prompts: list[str], params: SamplingParams, n: int = 1, *, solo=False) -> list[Sequence]:
     """Run every prompt (n times each) on `eng` and wait for all of them, or fail the request."""
-    seqs = fan_out(prompts, params, n, solo=solo)
+    seqs = submit(eng, prompts, params, n, solo=solo)
     if not seqs:
         return seqs
-    submit(eng, seqs)
     deadline = time.monotonic() + _timeout()
     for seq in seqs:
         if not seq.done.wait(max(0.0, deadline - time.monotonic())):
@@ -101,8 +129,7 @@ class Pieces:
         its first piece, so that a details event can go first; an error before that point still
         raises here."""
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self.seqs = fan_out(prompts, params, n, pieces=self._queue)
-        submit(eng, self.seqs)
+        self.seqs = submit(eng, prompts, params, n, pieces=self._queue)
         self._deadline = time.monotonic() + _timeout()
         self._timeout_error = deadline_exceeded(_timeout())
         if until_entered:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from flask import Blueprint, Flask, current_app, jsonify, request
 from werkzeug.exceptions import NotFound
 
+from batcher.grammar import StructuredSpec
 from batcher.sequence import Prompt
 from service import (
     auth,
@@ -112,16 +113,20 @@ def _respond(
     max_tokens_key: str = "max_tokens",
     echoed: Callable[[list[Prompt]], Echo] | None = None,
     heads: list[str] | None = None,
+    tool_grammar: StructuredSpec | None = None,
 ):
     """Run the prompts (n times each) and answer as one JSON object, or as server-sent chunks
     with `stream`. Choices are grouped per prompt: prompt p's i-th completion has index p*n + i.
     `echoed`: what the request's `echo` puts before each choice, from the prompts as they run;
-    `heads`: what service/context.py must keep whole at the start of each prompt (chat)."""
+    `heads`: what service/context.py must keep whole at the start of each prompt (chat);
+    `tool_grammar`: the reply's grammar that chat's `tool_choice` asks for (service/tools.py)."""
     stream, include_usage, continuous = _stream_options(body)
     if stream and body.get("details"):  # the batching object rides on whole replies only
         raise InvalidRequest("'details' is not supported with 'stream': true", param="details")
     config = _config()
-    params = parse_sampling(body, config, default_temperature=1.0, max_tokens_key=max_tokens_key)  # OpenAI's
+    params = parse_sampling(  # OpenAI's default temperature
+        body, config, default_temperature=1.0, max_tokens_key=max_tokens_key, tool_grammar=tool_grammar
+    )
     prompts = context.fit(prompts, body, params.max_tokens, "messages" if heads else "prompt", heads)
     echoed = echoed(prompts) if echoed is not None else None
     echo_asks = echoed.prompt_logprobs(params.logprobs) if echoed is not None else None
@@ -175,8 +180,8 @@ def completions(engine: str):
 
 def chat_prompt(body: dict) -> tuple[str, dict, tools.Tools | None]:
     """(the rendered prompt, the body as the sampling parser reads it, the tools) of a chat
-    body: the messages and tools rendered by the chat template, the reply constrained to a call
-    where `tool_choice` asks (service/tools.py). Chat and Responses both run it."""
+    body: the messages and tools rendered by the chat template; the reply is constrained to a
+    call where `tool_choice` asks, by `tools.reply_grammar(tools)`. Chat and Responses both run it."""
     tool_set = tools.parse(body)
     prompt = chat.render(chat.messages(body.get("messages")), tool_set)
     return prompt, tools.constrain(body, tool_set, _config()), tool_set
@@ -195,7 +200,8 @@ def chat_completions(engine: str):
     echoed = (lambda _: echo.for_chat(messages, top_logprobs)) if body.get("echo") else None
     shape = ToolChatShape(tool_set) if tool_set is not None and tool_set.constrained else ChatShape
     heads = [chat.head(messages, tool_set)]
-    return _respond(shape, engine, model, [prompt], body, max_tokens_key, echoed=echoed, heads=heads)
+    grammar = tools.reply_grammar(tool_set)
+    return _respond(shape, engine, model, [prompt], body, max_tokens_key, echoed, heads, grammar)
 
 
 @bp.post("/responses")
@@ -207,7 +213,7 @@ def create_response(engine: str):
     bodies.validate(Responses, body, _config())
     model = check_model(body)
     prompt, chat_body, tool_set = chat_prompt(responses.as_chat(body))
-    params = parse_sampling(chat_body, _config(), default_temperature=1.0)
+    params = parse_sampling(chat_body, _config(), default_temperature=1.0, tool_grammar=tools.reply_grammar(tool_set))
     heads = [chat.head(chat.messages(chat_body.get("messages")), tool_set)]
     prompts = context.fit([prompt], chat_body, params.max_tokens, "input", heads)
     eng = generation.engine(engine)

@@ -8,6 +8,7 @@ asked, the OpenAI routes 1.0, OpenAI's), what crosses fields, and the translatio
 
 from __future__ import annotations
 
+from batcher.grammar import StructuredSpec
 from batcher.sampling import SamplingParams
 from service.bodies import validate
 from service.bodies.openai import ChatLogprobs
@@ -22,10 +23,17 @@ top_k min_p min_tokens""".split()
 
 
 def parse_sampling(
-    body: dict, config: Config, *, default_temperature: float, max_tokens_key: str = "max_tokens"
+    body: dict,
+    config: Config,
+    *,
+    default_temperature: float,
+    max_tokens_key: str = "max_tokens",
+    tool_grammar: StructuredSpec | None = None,
 ) -> SamplingParams:
     """Every sampling field of `body`. `max_tokens_key`: the field that holds max_tokens (chat's
-    `max_completion_tokens`, where it is set)."""
+    `max_completion_tokens`, where it is set); `tool_grammar`: the reply's grammar that the
+    request's `tool_choice` asks for (service/tools.py). The grammar is not compiled yet
+    (service/structured.py's `compile_params`, at submit)."""
     if max_tokens_key != "max_tokens":
         body = {**body, "max_tokens": body.get(max_tokens_key)}
     fields = validate(Sampling, body, config)
@@ -42,7 +50,7 @@ def parse_sampling(
         stop=tuple(dict.fromkeys(stops)),
         stop_token_ids=tuple(dict.fromkeys(fields.stop_token_ids or ())),
         logit_bias=tuple(sorted(bias.items())),
-        structured=parse_structured(body, config),
+        structured=parse_structured(body, tool_grammar),
     )
 
 

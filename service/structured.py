@@ -8,13 +8,21 @@ Two spellings, vLLM 0.32's names and meanings (its OpenAI protocol maps `respons
   `choice` (a list of strings), `grammar` (EBNF or Lark), `json_object: true`, `structural_tag`
   (xgrammar's structural tag, object or text); `disable_any_whitespace: true` is accepted and
   is what both engines always do (compact JSON, see batcher/grammar.py).
-The demo routes take either, for every prompt of the request. The grammar is compiled here, in
-the request thread, before anything is submitted: a bad spec raises `InvalidRequest` naming the
-field (OpenAI routes: 400 with `param`), and the model thread never compiles.
+The demo routes take either, for every prompt of the request.
+
+Two steps, both in the request thread, so that the model thread never compiles:
+- `parse_structured`, with the other fields: what is cheap to check (the shape, a JSON schema
+  against its metaschema, the keywords xgrammar does not enforce); the spec stays uncompiled;
+- `compile_params`, from service/generation.py once the request has passed the context-length
+  check and the engine's admission would take it: compiling costs CPU and a place in xgrammar's
+  cache, which a request refused with a 400, 429 or 503 must not take (3,000 tools once took
+  17.9 s to be answered 400 context_length_exceeded).
+A bad spec raises `InvalidRequest` naming its field (OpenAI routes: 400 with `param`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jsonschema
@@ -22,6 +30,7 @@ import jsonschema
 from batcher import grammar
 from batcher.checkpoint import resolve_model
 from batcher.grammar import StructuredSpec
+from batcher.sampling import SamplingParams
 from service.config import Config
 from service.errors import InvalidRequest
 
@@ -32,29 +41,54 @@ SUPPORTED = {"response_format": list(RESPONSE_FORMATS), "structured_outputs": li
 UNSUPPORTED_OPTIONS = ("whitespace_pattern", "disable_additional_properties")
 
 
-def parse_structured(body: dict, config: Config) -> StructuredSpec | None:
-    """The request's constraint, compiled, or None."""
-    fmt, outputs = body.get("response_format"), body.get("structured_outputs")
-    spec, field = None, None
-    if fmt is not None:
-        spec, field = _response_format(fmt), "response_format"
-    if outputs is not None:
-        if spec is not None:
-            raise InvalidRequest(
-                "'response_format' and 'structured_outputs' both constrain the output: send one",
-                param="response_format",
-            )
-        spec, field = _structured_outputs(outputs), "structured_outputs"
+def parse_structured(body: dict, tool_grammar: StructuredSpec | None = None) -> StructuredSpec | None:
+    """The request's constraint, checked but not compiled (`compile_params` compiles it), or None.
+    `tool_grammar`: the reply's grammar that `tool_choice` asks for (service/tools.py), which
+    service/tools.py's `constrain` has made sure nothing else in the body competes with."""
+    spec = tool_grammar or _body_spec(body.get("response_format"), body.get("structured_outputs"))
     if spec is None:
         return None
     if body.get("ignore_eos") or body.get("min_tokens"):  # a complete grammar allows only EOS
         raise InvalidRequest(
-            f"'{field}' ends the text where its grammar does: not with 'ignore_eos' or 'min_tokens'", param=field
+            f"'{spec.param}' ends the text where its grammar does: not with 'ignore_eos' or 'min_tokens'",
+            param=spec.param,
         )
+    return spec
+
+
+def _body_spec(fmt: dict | None, outputs: dict | None) -> StructuredSpec | None:
+    spec = _response_format(fmt) if fmt is not None else None
+    if outputs is None:
+        return spec
+    if spec is not None:
+        raise InvalidRequest(
+            "'response_format' and 'structured_outputs' both constrain the output: send one", param="response_format"
+        )
+    return _structured_outputs(outputs)
+
+
+def compiler(config: Config):
+    """The process's xgrammar compiler for the served model, its cache capped at GRAMMAR_CACHE_MB."""
+    return grammar.compiler(resolve_model(config.model, config.cache_dir), cache_limit_bytes(config))
+
+
+def cache_limit_bytes(config: Config) -> int:
+    return config.grammar_cache_mb * 1024 * 1024
+
+
+def compile_params(params: SamplingParams, config: Config) -> SamplingParams:
+    """`params` with its spec compiled (as they are without one, or with one compiled already); a
+    spec that does not compile is a 400 naming its field, on both engines (vLLM compiles it again
+    with its own backend: the same grammar, refused the same way)."""
+    spec = params.structured
+    if spec is None or spec.compiled is not None:
+        return params
     try:
-        return grammar.compile(spec, resolve_model(config.model, config.cache_dir))
+        compiled = grammar.compile(spec, resolve_model(config.model, config.cache_dir), cache_limit_bytes(config))
     except grammar.GrammarError as exc:
-        raise InvalidRequest(f"'{field}': the {spec.kind} does not compile: {exc}", param=field) from exc
+        what = "the functions' parameters do" if spec.param == "tools" else f"the {spec.kind} does"
+        raise InvalidRequest(f"'{spec.param}': {what} not compile: {exc}", param=spec.param) from exc
+    return dataclasses.replace(params, structured=compiled)
 
 
 def _response_format(fmt: dict) -> StructuredSpec | None:
@@ -62,11 +96,12 @@ def _response_format(fmt: dict) -> StructuredSpec | None:
     if fmt["type"] == "text":
         return None
     if fmt["type"] == "json_object":
-        return StructuredSpec("json_object")
+        return StructuredSpec("json_object", param="response_format")
     if fmt.get("json_schema") is None:
         rule = "needs 'json_schema': {'name', 'schema', 'strict'?}"
         raise InvalidRequest(f"'response_format' of type 'json_schema' {rule}", param="response_format")
-    return StructuredSpec("json", schema_text(fmt["json_schema"]["schema"], "response_format"))
+    schema = schema_text(fmt["json_schema"]["schema"], "response_format")
+    return StructuredSpec("json", schema, param="response_format")
 
 
 def _structured_outputs(outputs: dict) -> StructuredSpec:
@@ -84,20 +119,20 @@ def _structured_outputs(outputs: dict) -> StructuredSpec:
     if len(kinds) != 1:
         raise bad(f"needs exactly one of {', '.join(grammar.KINDS)}, got {len(kinds)}: {', '.join(kinds) or 'none'}")
     [kind] = kinds
-    value = outputs[kind]
+    value, field = outputs[kind], "structured_outputs"
     if kind == "json":
-        return StructuredSpec("json", schema_text(value, "structured_outputs"))
+        return StructuredSpec("json", schema_text(value, field), param=field)
     if kind == "json_object":
         if value is not True:
             raise bad("'json_object' must be true")
-        return StructuredSpec("json_object")
+        return StructuredSpec("json_object", param=field)
     if kind == "choice":
-        return StructuredSpec("choice", tuple(dict.fromkeys(value)))
+        return StructuredSpec("choice", tuple(dict.fromkeys(value)), param=field)
     if kind == "structural_tag":
-        return StructuredSpec("structural_tag", json.dumps(value) if isinstance(value, dict) else value)
+        return StructuredSpec("structural_tag", json.dumps(value) if isinstance(value, dict) else value, param=field)
     if not value.strip():  # regex, grammar
         raise bad(f"'{kind}' must be a non-empty string")
-    return StructuredSpec(kind, value)
+    return StructuredSpec(kind, value, param=field)
 
 
 def schema_text(schema, field: str) -> str:

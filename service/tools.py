@@ -21,8 +21,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from batcher import grammar
-from batcher.checkpoint import resolve_model
+from batcher.grammar import StructuredSpec
 from service.config import Config
 from service.errors import InvalidRequest
 from service.structured import schema_text
@@ -121,21 +120,25 @@ def reply_schema(tools: Tools) -> dict:
     return {"anyOf": [wrapped, {**text, "additionalProperties": False}]}
 
 
+def reply_grammar(tools: Tools | None) -> StructuredSpec | None:
+    """The reply's grammar (a JSON schema), not compiled yet: service/generation.py compiles it
+    once the request would be admitted, and a schema xgrammar refuses is then a 400 naming
+    `tools`; None where the reply is free."""
+    if tools is None or not tools.constrained:
+        return None
+    return StructuredSpec("json", json.dumps(reply_schema(tools)), param="tools")
+
+
 def constrain(body: dict, tools: Tools | None, config: Config) -> dict:
-    """The body as the sampling parser reads it (a copy): the reply's grammar as its
-    `structured_outputs`, compiled here so that a schema xgrammar refuses is a 400 naming `tools`,
-    and TOOL_MAX_TOKENS where no max_tokens is named."""
+    """The body as the sampling parser reads it (a copy, beside `reply_grammar(tools)`): no other
+    constraint where `tool_choice` constrains the reply, and TOOL_MAX_TOKENS where no
+    max_tokens is named."""
     if tools is None or not tools.constrained:
         return body
     for field in ("response_format", "structured_outputs"):
         if body.get(field) is not None and body[field] != {"type": "text"}:
             raise _bad(f"'{field}' cannot constrain a reply that 'tool_choice' already constrains", field)
-    schema = json.dumps(reply_schema(tools))
-    try:
-        grammar.compile(grammar.StructuredSpec("json", schema), resolve_model(config.model, config.cache_dir))
-    except grammar.GrammarError as exc:
-        raise _bad(f"'tools': the functions' parameters do not compile: {exc}") from exc
-    body = {**body, "response_format": None, "structured_outputs": {"json": schema}}
+    body = {**body, "response_format": None, "structured_outputs": None}
     if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
         body["max_tokens"] = min(TOOL_MAX_TOKENS, config.max_new_tokens_limit)
     return body

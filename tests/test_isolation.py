@@ -87,7 +87,7 @@ def test_a_row_whose_stop_strings_raise_fails_alone_and_a_stream_beside_it_strea
 
 
 def test_a_row_whose_grammar_matcher_raises_fails_alone(worker, runner, runner_fp32):
-    spec = grammar.compile(grammar.StructuredSpec("regex", "[a-z]+"), runner_fp32.settings.model_path)
+    spec = grammar.compile(grammar.StructuredSpec("regex", "[a-z]+"), runner_fp32.settings.model_path, 64 << 20)
     broken = dataclasses.replace(spec, compiled="not a compiled grammar")  # xgrammar's matcher raises
     bad = Sequence("Name a colour:", SamplingParams(max_tokens=5, structured=broken))
     good = one_round(worker, runner, bad)

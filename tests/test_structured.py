@@ -28,7 +28,7 @@ from batcher.sequence import Sequence
 from service import create_app, shutdown
 from service.config import Config
 from service.errors import InvalidRequest
-from service.structured import parse_structured
+from service.structured import cache_limit_bytes, compile_params, parse_structured
 from tests.conftest import KEY, auth, wait_until
 from tests.test_api import post
 
@@ -38,6 +38,7 @@ BASES = pytest.mark.parametrize("base", list(DEMO))
 DATE = r"\d{4}-\d{2}-\d{2}"
 SUM_GRAMMAR = 'root ::= "(" digit digit? " " ("+" | "-") " " digit digit? ")"\ndigit ::= [0-9]'
 SUM_PATTERN = r"\(\d\d? [+-] \d\d?\)"
+LIMIT = cache_limit_bytes(Config())  # the grammar cache's cap, as the service sets it
 
 
 class Pet(BaseModel):
@@ -317,8 +318,10 @@ def test_a_schema_keyword_xgrammar_does_not_enforce_is_a_400_on_both_engines(ser
     ],
 )
 def test_the_parser_accepts_vllms_spellings(body, kind):
-    spec = parse_structured(body, Config())
-    assert (spec.kind if spec else None) == kind and (spec is None or spec.compiled is not None)
+    spec = parse_structured(body)
+    assert (spec.kind if spec else None) == kind and (spec is None or spec.compiled is None)  # compiled at submit
+    compiled = compile_params(SamplingParams(structured=spec), Config()).structured
+    assert spec is None or (compiled == spec and compiled.compiled is not None)
 
 
 @pytest.mark.parametrize(
@@ -332,7 +335,7 @@ def test_the_parser_accepts_vllms_spellings(body, kind):
 )
 def test_the_parser_refuses_what_it_does_not_implement(outputs):
     with pytest.raises(InvalidRequest) as refused:
-        parse_structured({"structured_outputs": outputs}, Config())
+        parse_structured({"structured_outputs": outputs})
     assert refused.value.param == "structured_outputs"
 
 
@@ -340,9 +343,9 @@ def test_the_parser_refuses_what_it_does_not_implement(outputs):
 def test_a_grammar_that_decides_the_end_refuses_ignore_eos_and_min_tokens(extra):
     """Once the grammar is complete only EOS is allowed, and these ban it: every token masked."""
     with pytest.raises(InvalidRequest) as refused:
-        parse_structured({"response_format": {"type": "json_object"}, **extra}, Config())
+        parse_structured({"response_format": {"type": "json_object"}, **extra})
     assert refused.value.param == "response_format"
-    assert parse_structured({"response_format": {"type": "text"}, **extra}, Config()) is None
+    assert parse_structured({"response_format": {"type": "text"}, **extra}) is None
 
 
 # --- one static round, constrained and unconstrained rows side by side --------------------------
@@ -403,7 +406,7 @@ def test_a_mixed_static_round_answers_both_rows_in_one_generate_call(static_app)
 # --- the per-row mask on the Runner itself ------------------------------------------------------
 def test_the_runner_masks_only_the_constrained_rows_of_a_round(runner_fp32, model_path):
     def spec(kind: str, value) -> StructuredSpec:
-        return grammar.compile(StructuredSpec(kind, value), model_path)
+        return grammar.compile(StructuredSpec(kind, value), model_path, LIMIT)
 
     prompts = ["Is water wet? Answer:", "The capital of France is", "The date today is", "Once upon a time"]
     choice, date = spec("choice", ("yes", "no")), spec("regex", DATE)
@@ -422,7 +425,7 @@ def test_the_runner_masks_only_the_constrained_rows_of_a_round(runner_fp32, mode
         again_reasons = runner_fp32.generate([again], runner_fp32.encode([prompts[row]]))
         assert (again.text, again_reasons[0]) == (seqs[row].text, reasons[row])
     # a spec compiles once per process: the second time, xgrammar's cache answers and grows no more
-    cache = grammar.compiler(model_path)
+    cache = grammar.compiler(model_path, LIMIT)
     size = cache.get_cache_size_bytes()
     spec("choice", ("yes", "no"))
     assert size > 0 and cache.get_cache_size_bytes() == size
@@ -433,7 +436,7 @@ def test_the_runner_masks_only_the_constrained_rows_of_a_round(runner_fp32, mode
 def test_tokens_a_grammar_forbids_get_vllms_floor_not_minus_infinity(runner_fp32, model_path):
     """More alternatives asked than the grammar allows: the rest are impossible (-inf), which JSON
     cannot carry; vLLM's server reports -9999.0 for them, and so do we."""
-    a_or_b = grammar.compile(StructuredSpec("choice", ("A", "B")), model_path)  # 2 tokens allowed
+    a_or_b = grammar.compile(StructuredSpec("choice", ("A", "B")), model_path, LIMIT)  # 2 tokens allowed
     seq = Sequence("Pick A or B:", SamplingParams(max_tokens=4, structured=a_or_b, logprobs=5))
     runner_fp32.generate([seq], runner_fp32.encode([seq.prompt]))
     first = seq.logprobs[0]
@@ -459,7 +462,7 @@ def test_requests_that_arrive_together_build_the_grammar_compiler_once(model_pat
 
     monkeypatch.setattr(xgr.TokenizerInfo, "from_huggingface", held)
     path = model_path.rstrip("/") + "/."
-    callers = [threading.Thread(target=grammar.compiler, args=(path,)) for _ in range(2)]
+    callers = [threading.Thread(target=grammar.compiler, args=(path, LIMIT)) for _ in range(2)]
     try:
         callers[0].start()
         assert inside.wait(60)
@@ -470,4 +473,4 @@ def test_requests_that_arrive_together_build_the_grammar_compiler_once(model_pat
         release.set()
         for caller in callers:
             caller.join(60)
-    assert len(builds) == 1 and grammar.compiler(path) is grammar.compiler(path)
+    assert len(builds) == 1 and grammar.compiler(path, LIMIT) is grammar.compiler(path, LIMIT)

@@ -36,6 +36,8 @@ class GrammarMask(LogitsProcessor):
             if seq.params.structured is not None:
                 with failures.guard(row, "grammar"):
                     compiled = seq.params.structured.compiled
+                    if compiled is None:  # the service compiles a spec as it enqueues it: a bug
+                        raise ValueError("the row's grammar reached the engine uncompiled")
                     self.matchers[row] = xgr.GrammarMatcher(compiled, override_stop_tokens=eos_ids)
         self.bitmask = xgr.allocate_token_bitmask(len(seqs), vocab)  # [B, ceil(V / 32)] int32, CPU
 

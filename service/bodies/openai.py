@@ -12,7 +12,7 @@ from pydantic import ConfigDict, Field, create_model, field_validator
 from pydantic_core import PydanticCustomError
 
 from service.bodies.demo import Prompt
-from service.bodies.limits import AtMost
+from service.bodies.limits import MAX_MESSAGES, MAX_TOOLS, AtMost
 from service.bodies.sampling import Flag, Int, Logprobs, Number, Sampling, Strict, TokenIds
 
 OPEN = ConfigDict(extra="allow")
@@ -100,6 +100,9 @@ class Message(Strict):
     tool_call_id: str | None = None
 
 
+Messages = Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES)]
+
+
 class Function(Strict):
     model_config = ConfigDict(extra="forbid")
     name: FunctionName
@@ -138,11 +141,11 @@ Choice = Literal["none", "auto", "required"] | NamedChoice
 class Chat(OpenAIBody):
     """`POST /v1/chat/completions`."""
 
-    messages: Annotated[list[Message], Field(min_length=1)]
+    messages: Messages
     logprobs: Flag | None = Field(None, description="true: the chosen tokens' logprobs")
     top_logprobs: Logprobs | None = Field(None, description="alternatives per token; needs logprobs: true")
     max_completion_tokens: MaxTokens | None = Field(None, description="wins over max_tokens")
-    tools: list[Tool] | None = None
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: Choice | None = None
     parallel_tool_calls: Flag | None = None
 
@@ -193,13 +196,13 @@ class Responses(Strict):
 
     model_config = OPEN
     model: str | None = None
-    input: str | Annotated[list[InputItem], Field(min_length=1)]
+    input: str | Annotated[list[InputItem], Field(min_length=1, max_length=MAX_MESSAGES)]
     instructions: str | None = Field(None, description="a system turn first")
     max_output_tokens: MaxTokens | None = None
     temperature: Annotated[Number, Field(ge=0, le=2)] | None = None
     top_p: Annotated[Number, Field(gt=0, le=1)] | None = None
     text: TextConfig | None = None
-    tools: list[ResponsesTool] | None = None
+    tools: Annotated[list[ResponsesTool], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
     parallel_tool_calls: Flag | None = None
     stream: Flag | None = None
@@ -220,7 +223,7 @@ class TokenizeChat(Strict):
 
     model_config = OPEN
     model: str | None = None
-    messages: Annotated[list[Message], Field(min_length=1)]
+    messages: Messages
     add_generation_prompt: Flag | None = None
     add_special_tokens: Flag | None = None
     return_token_strs: Flag | None = None

@@ -9,21 +9,29 @@ and Infinity (which Python's JSON parser reads) are no numbers. Absent or null: 
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
-from service.bodies.limits import AtMost
-
-MAX_STOP = 4  # stop strings per request (OpenAI's limit)
-MAX_STOP_TOKEN_IDS = 64
-MAX_LOGPROBS = 5  # top alternatives per token (OpenAI completions' limit)
-MAX_LOGIT_BIAS = 300  # entries (OpenAI's limit)
+from service.bodies.limits import (
+    MAX_CHOICE_CHARS,
+    MAX_CHOICES,
+    MAX_GRAMMAR_CHARS,
+    MAX_LOGIT_BIAS,
+    MAX_LOGPROBS,
+    MAX_STOP,
+    MAX_STOP_CHARS,
+    MAX_STOP_TOKEN_IDS,
+    AtMost,
+)
 
 Int = Annotated[int, Field(strict=True)]
 Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 Flag = Annotated[bool, Field(strict=True)]
-Text = Annotated[str, Field(strict=True, min_length=1)]
+StopText = Annotated[str, Field(strict=True, min_length=1, max_length=MAX_STOP_CHARS)]
+GrammarText = Annotated[str, Field(max_length=MAX_GRAMMAR_CHARS)]
 TokenId = Annotated[int, Field(strict=True, ge=0)]
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 Logprobs = Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)]
@@ -50,16 +58,33 @@ class ResponseFormat(Strict):
     json_schema: JsonSchemaFormat | None = None
 
 
+def _json_text_bounded(value: dict) -> dict:
+    """An object that a grammar compiles from, bounded as its JSON text (what is compiled)."""
+    size = len(json.dumps(value))
+    if size > MAX_GRAMMAR_CHARS:
+        raise PydanticCustomError(
+            "too_long", "as JSON text, {size} characters; at most {limit}", {"size": size, "limit": MAX_GRAMMAR_CHARS}
+        )
+    return value
+
+
 class StructuredOutputs(Strict):
-    """vLLM's `structured_outputs`: exactly one kind (service/structured.py says which is missing)."""
+    """vLLM's `structured_outputs`: exactly one kind (service/structured.py says which is missing).
+    What a grammar compiles from is bounded (service/bodies/limits.py), a JSON schema by the body."""
 
     model_config = ConfigDict(extra="forbid")
     json_: dict[str, Any] | str | None = Field(None, alias="json")
-    regex: str | None = None
-    choice: Annotated[list[Text], Field(min_length=1)] | None = None
-    grammar: str | None = None
+    regex: GrammarText | None = None
+    choice: (
+        Annotated[
+            list[Annotated[str, Field(strict=True, min_length=1, max_length=MAX_CHOICE_CHARS)]],
+            Field(min_length=1, max_length=MAX_CHOICES),
+        ]
+        | None
+    ) = None
+    grammar: GrammarText | None = None
     json_object: Flag | None = None
-    structural_tag: dict[str, Any] | str | None = None
+    structural_tag: Annotated[dict[str, Any], AfterValidator(_json_text_bounded)] | GrammarText | None = None
     disable_any_whitespace: Flag | None = None
     whitespace_pattern: str | None = None  # refused: vLLM's xgrammar backend ignores them too
     disable_additional_properties: Flag | None = None
@@ -77,7 +102,7 @@ class Sampling(Strict):
     top_p: Annotated[Number, Field(gt=0, le=1)] | None = Field(None, description="nucleus sampling")
     top_k: Annotated[Int, Field(ge=-1)] | None = Field(None, description="-1 or 0: every token; k: the k most likely")
     min_p: Annotated[Number, Field(ge=0, le=1)] | None = None
-    stop: Text | Annotated[list[Text], Field(max_length=MAX_STOP)] | None = Field(
+    stop: StopText | Annotated[list[StopText], Field(max_length=MAX_STOP)] | None = Field(
         None, description="end when the text contains one; the text ends before it"
     )
     stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
