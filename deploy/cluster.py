@@ -9,8 +9,10 @@ it out of nginx's upstream (`down`, reload) while it drains and loads, and puts 
 to the next only once it answers /health 200 again.
 
 Settings come from the environment, as for `make serve`: PORT (nginx; replicas on PORT+1..PORT+
-REPLICAS), REPLICAS, HOST, CLUSTER_DIR (the run folder), and every service knob, which the
-replicas inherit. ACCEL=gpu gives replica i the GPU i-1 (CUDA_VISIBLE_DEVICES).
+REPLICAS), REPLICAS, HOST (nginx; loopback unless set), REPLICA_HOST (the replicas; loopback unless
+set), CLUSTER_DIR (the run folder), and every service knob, which the replicas inherit. ACCEL=gpu
+gives replica i the GPU i-1 (CUDA_VISIBLE_DEVICES). Listening beyond loopback with no API_KEY logs
+a warning (so does each replica's gunicorn, gunicorn.conf.py).
 
     python -m deploy.cluster serve | run | rolling-restart
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 import json
 import logging
 import os
@@ -39,6 +42,37 @@ HERE = Path(__file__).resolve().parent
 MAX_FAILS = 3
 FAIL_TIMEOUT_S = 5
 SETTINGS_FILE = "cluster.json"  # what `run` rendered with, for `rolling-restart` to render the same
+# Where nginx, the replicas and plain gunicorn (gunicorn.conf.py) listen unless HOST (REPLICA_HOST)
+# says otherwise: safe by default, since the service has no API key unless one is set.
+DEFAULT_HOST = "127.0.0.1"
+# nginx resends a refused request at most once more (proxy_next_upstream_tries counts the first
+# try), and only within this many seconds of its first: a replica refuses in milliseconds, so a
+# later failure is not a refusal, and a second refusal says the cluster is full (the client has
+# Retry-After). deploy/nginx.conf.j2 says which failures are resent.
+NEXT_UPSTREAM_TRIES = 2
+NEXT_UPSTREAM_TIMEOUT_S = 10
+
+
+def is_loopback(host: str) -> bool:
+    """Reachable from this machine alone: 127.0.0.0/8, ::1 or localhost."""
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a name, not an address
+        return host.lower() == "localhost"
+
+
+def warn_if_open(log: logging.Logger, what: str, host: str, port: int, has_api_key: bool) -> bool:
+    """Warn that anyone who reaches `host` may generate: it is beyond loopback and API_KEY unset."""
+    if is_loopback(host) or has_api_key:
+        return False
+    log.warning(
+        "%s listens on %s:%d, beyond loopback, with no API_KEY: anyone who reaches it may generate."
+        " Set API_KEY, or HOST=127.0.0.1 for this machine alone",
+        what,
+        host,
+        port,
+    )
+    return True
 
 
 @dataclass(frozen=True)
@@ -53,8 +87,9 @@ class Settings:
     client_timeout_s: int  # nginx waits this long for a request's headers, and between two reads of its body
     accel: str
     preload: str
-    replica_host: str = ""  # where the replicas bind; "": HOST (a cluster's /metrics per replica)
+    replica_host: str = DEFAULT_HOST  # where the replicas bind (REPLICA_HOST: e.g. for /metrics per replica)
     logs_to_terminal: bool = False  # the replicas' output on supervisord's stdout, not in files
+    has_api_key: bool = False  # API_KEY set (the warning about a listener beyond loopback)
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -68,7 +103,7 @@ class Settings:
         if replicas < 1:
             raise ValueError(f"REPLICAS must be >= 1, got {replicas}")
         return cls(
-            host=os.environ.get("HOST", "0.0.0.0"),
+            host=os.environ.get("HOST") or DEFAULT_HOST,
             port=port,
             replicas=replicas,
             run_dir=Path(os.environ.get("CLUSTER_DIR") or ROOT / ".cache" / "cluster" / str(port)).resolve(),
@@ -79,6 +114,8 @@ class Settings:
             client_timeout_s=int(os.environ.get("CLIENT_TIMEOUT_S", "30")),
             accel=os.environ.get("ACCEL", "cpu"),
             preload=os.environ.get("REPLICA_PRELOAD", ""),
+            replica_host=os.environ.get("REPLICA_HOST") or DEFAULT_HOST,
+            has_api_key=bool(config.api_keys),
         )
 
     def save(self) -> None:
@@ -95,13 +132,9 @@ class Settings:
         return [self.port + i for i in range(1, self.replicas + 1)]
 
     @property
-    def replica_bind(self) -> str:
-        return self.replica_host or self.host
-
-    @property
     def replica_address(self) -> str:
-        """Where nginx (on this machine) reaches a replica bound to `replica_bind`."""
-        return "127.0.0.1" if self.replica_bind in ("0.0.0.0", "", "::") else self.replica_bind
+        """Where nginx (on this machine) reaches a replica bound to `replica_host`."""
+        return "127.0.0.1" if self.replica_host in ("0.0.0.0", "", "::") else self.replica_host
 
     @property
     def supervisord_conf(self) -> Path:
@@ -133,7 +166,7 @@ def render(s: Settings, down: int | None = None) -> Path:
         (s.run_dir / "nginx-tmp" / sub).mkdir(parents=True, exist_ok=True)
     replicas = []
     for i, port in enumerate(s.replica_ports, 1):
-        env = {"HOST": s.replica_bind, "PORT": str(port)}
+        env = {"HOST": s.replica_host, "PORT": str(port)}
         if s.preload:
             env["LD_PRELOAD"] = s.preload
         if s.accel == "gpu":  # one replica per GPU (untested here: this machine has none)
@@ -157,6 +190,8 @@ def render(s: Settings, down: int | None = None) -> Path:
         "nginx": _tool("nginx"),
         "gunicorn": _tool("gunicorn"),
         "max_fails": MAX_FAILS,
+        "next_upstream_tries": NEXT_UPSTREAM_TRIES,
+        "next_upstream_timeout_s": NEXT_UPSTREAM_TIMEOUT_S,
         "fail_timeout_s": FAIL_TIMEOUT_S,
         "read_timeout_s": int(s.request_timeout_s) + 30,
         "max_body_bytes": s.max_body_bytes,
@@ -172,6 +207,7 @@ def render(s: Settings, down: int | None = None) -> Path:
 
 
 def run(s: Settings) -> None:
+    warn_if_open(logging.getLogger("deploy.cluster"), "nginx", s.host, s.port, s.has_api_key)
     conf = render(s)
     s.save()
     replicas = ", ".join(f"{s.replica_address}:{port}" for port in s.replica_ports)
@@ -184,7 +220,6 @@ def serve(s: Settings) -> None:
     """`make serve`: nginx on HOST:PORT in front of one gunicorn on 127.0.0.1:PORT+1; without
     nginx, plain gunicorn on HOST:PORT, which slow clients can starve (docs/operations.md)."""
     if find_tool("nginx") is None:  # e.g. `make setup` not run as root
-        logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
         logging.getLogger("deploy.serve").warning(
             "nginx not found (`make setup` installs it when run as root): serving with plain gunicorn on"
             " %s:%d, whose THREADS connections that send half a request can hold",
@@ -197,7 +232,7 @@ def serve(s: Settings) -> None:
         os.chdir(ROOT)
         os.execve(gunicorn, [gunicorn, "-c", "gunicorn.conf.py", "wsgi:app"], env)
     else:
-        run(dataclasses.replace(s, replicas=1, replica_host="127.0.0.1", logs_to_terminal=True))
+        run(dataclasses.replace(s, replicas=1, replica_host=DEFAULT_HOST, logs_to_terminal=True))
 
 
 def healthy(address: str, port: int) -> bool:
@@ -258,6 +293,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("command", choices=["serve", "run", "render", "rolling-restart"])
     parser.add_argument("--health-timeout", type=float, default=600, help="seconds a replica may take to be healthy")
     args = parser.parse_args(argv)
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
     settings = Settings.from_env()
     if args.command == "serve":
         serve(settings)

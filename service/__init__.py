@@ -12,7 +12,7 @@ from batcher.checkpoint import resolve_model
 from batcher.compile_cache import import_torch_first, use_compile_cache
 from batcher.metrics import Metrics
 from batcher.vllm.worker import VLLMWorker
-from service import admission, demo, errors, openai_api, openapi, ops, page, request_id, tokenization
+from service import admission, demo, errors, inflight, live, openai_api, openapi, ops, page, request_id, tokenization
 from service.config import Config
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
     app.extensions["tokenizer"] = functools.cache(lambda: AutoTokenizer.from_pretrained(path))
     app.config["STARTED_AT"] = int(time.time())
 
-    for blueprint in (ops.bp, page.bp, openapi.bp):
+    for blueprint in (ops.bp, live.bp, page.bp, openapi.bp):
         app.register_blueprint(blueprint)
     demo.register(app)
     openai_api.register(app)
@@ -66,6 +66,7 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
     errors.register(app)
     request_id.register(app)  # first of the app's hooks
     _observe_requests(app, metrics)
+    inflight.register(app, config.inflight_limit, GENERATE_BLUEPRINTS)  # after the hooks a refusal needs
 
     if start:
         static_engine.start()

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import configparser
+import logging
+import re
+import runpy
 import shutil
 import subprocess
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -41,7 +46,10 @@ def test_nginx_accepts_the_rendered_config_as_an_unprivileged_foreground_process
     for port in (9101, 9102, 9103):
         assert f"server 127.0.0.1:{port} max_fails=" in text
     assert "listen 127.0.0.1:9100;" in text and "least_conn;" in text and "proxy_buffering off;" in text
-    assert "proxy_next_upstream error timeout http_503 non_idempotent;" in text
+    # resent only when the replica did no work (refused, broken, 503), once, and never after a timeout
+    assert "proxy_next_upstream error http_503 non_idempotent;" in text
+    assert "proxy_next_upstream_tries 2;" in text and "proxy_next_upstream_timeout 10s;" in text
+    assert not re.search(r"proxy_next_upstream [^;]*timeout", text)
     assert "proxy_read_timeout 230s;" in text  # above REQUEST_TIMEOUT_S
     assert "daemon off;" in text and f"pid {rendered.run_dir}/nginx.pid;" in text
     assert " down;" not in text
@@ -105,7 +113,7 @@ def test_serve_is_one_replica_on_loopback_behind_nginx_with_its_log_on_the_termi
     assert "listen 0.0.0.0:9200;" in nginx and "server 127.0.0.1:9201 max_fails=" in nginx and ":9202" not in nginx
     assert "client_header_timeout 30s;" in nginx and "client_body_timeout 30s;" in nginx
     assert 'HOST="127.0.0.1"' in supervisord and "stdout_logfile=/dev/stdout" in supervisord
-    assert cluster.Settings.load(tmp_path).replica_bind == "127.0.0.1"  # a rolling restart renders the same
+    assert cluster.Settings.load(tmp_path).replica_host == "127.0.0.1"  # a rolling restart renders the same
 
 
 def test_serve_without_nginx_warns_and_runs_plain_gunicorn_on_host_and_port(tmp_path, monkeypatch, caplog):
@@ -124,3 +132,94 @@ def test_serve_without_nginx_warns_and_runs_plain_gunicorn_on_host_and_port(tmp_
     assert env["HOST"] == "0.0.0.0" and env["PORT"] == "9300"
     assert "nginx not found" in caplog.text and "plain gunicorn on 0.0.0.0:9300" in caplog.text
     assert not (tmp_path / "supervisord.conf").exists()
+
+
+# --- safe by default: loopback unless HOST says otherwise, and a warning when open to all ---------
+GUNICORN_CONF = Path(__file__).resolve().parent.parent / "gunicorn.conf.py"
+
+
+@pytest.mark.parametrize(
+    "host, loopback",
+    [("127.0.0.1", True), ("127.8.9.10", True), ("::1", True), ("[::1]", True), ("localhost", True)]
+    + [("0.0.0.0", False), ("::", False), ("10.0.0.12", False), ("example.com", False)],
+)
+def test_loopback_is_127_0_0_0_8_ipv6s_one_and_localhost(host, loopback):
+    assert cluster.is_loopback(host) is loopback
+
+
+def test_cluster_and_replicas_bind_loopback_unless_host_says_otherwise(tmp_path, monkeypatch):
+    monkeypatch.setenv("CLUSTER_DIR", str(tmp_path))
+    for name in ("HOST", "REPLICA_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    s = cluster.Settings.from_env()
+    assert (s.host, s.replica_host, s.replica_address) == ("127.0.0.1", "127.0.0.1", "127.0.0.1")
+    monkeypatch.setenv("HOST", "")  # what `make cluster` passes when HOST is not given
+    assert cluster.Settings.from_env().host == "127.0.0.1"
+    monkeypatch.setenv("HOST", "0.0.0.0")  # nginx on every interface; the replicas stay on loopback
+    assert (cluster.Settings.from_env().host, cluster.Settings.from_env().replica_host) == ("0.0.0.0", "127.0.0.1")
+    monkeypatch.setenv("REPLICA_HOST", "0.0.0.0")  # asked for: e.g. /metrics scraped from another machine
+    s = cluster.Settings.from_env()
+    assert (s.replica_host, s.replica_address) == ("0.0.0.0", "127.0.0.1")
+
+
+@pytest.mark.parametrize(
+    "host, api_key, warned",
+    [("0.0.0.0", "", True), ("0.0.0.0", "k", False), ("127.0.0.1", "", False), ("", "", False)],
+)
+def test_the_cluster_warns_when_nginx_listens_beyond_loopback_without_an_api_key(
+    tmp_path, monkeypatch, caplog, host, api_key, warned
+):
+    if NGINX is None:
+        pytest.skip("nginx is not installed (`make setup` installs it when run as root)")
+    for key, value in {"PORT": "9400", "HOST": host, "API_KEY": api_key, "CLUSTER_DIR": str(tmp_path)}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(cluster.os, "execv", lambda path, argv: None)
+    with caplog.at_level("WARNING", logger="deploy.cluster"):
+        cluster.run(cluster.Settings.from_env())
+    assert ("beyond loopback, with no API_KEY" in caplog.text) is warned, caplog.text
+    if warned:
+        assert "nginx listens on 0.0.0.0:9400" in caplog.text
+
+
+def gunicorn_settings(monkeypatch, **env) -> dict:
+    """gunicorn.conf.py's settings as gunicorn reads them, with `env` (None: unset)."""
+    for name, value in env.items():
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    return runpy.run_path(str(GUNICORN_CONF))
+
+
+def test_gunicorn_binds_loopback_unless_host_says_otherwise(monkeypatch):
+    assert gunicorn_settings(monkeypatch, HOST=None, PORT=None)["bind"] == "127.0.0.1:8000"
+    assert gunicorn_settings(monkeypatch, HOST="0.0.0.0", PORT="9000")["bind"] == "0.0.0.0:9000"
+
+
+def test_gunicorn_threads_and_the_cap_below_them_come_from_one_setting(monkeypatch):
+    conf = gunicorn_settings(monkeypatch, THREADS=None, MAX_INFLIGHT_REQUESTS=None)
+    assert conf["threads"] == Config().threads == 128 and Config().inflight_limit < conf["threads"]
+    conf = gunicorn_settings(monkeypatch, THREADS="24")
+    assert conf["threads"] == 24 and Config.from_env().inflight_limit == 16
+    assert conf["worker_connections"] > conf["threads"]  # room for kept-alive connections and probes
+    with pytest.raises(ValueError, match="MAX_INFLIGHT_REQUESTS"):
+        gunicorn_settings(monkeypatch, THREADS="24", MAX_INFLIGHT_REQUESTS="24")  # refused at start
+
+
+@pytest.mark.parametrize(
+    "bind, api_key, warned",
+    [("0.0.0.0:8000", "", True), ("0.0.0.0:8000", "k", False), ("127.0.0.1:8000", "", False)]
+    + [("unix:/tmp/x.sock", "", False)],
+)
+def test_gunicorn_warns_at_start_when_it_listens_beyond_loopback_without_an_api_key(
+    monkeypatch, caplog, bind, api_key, warned
+):
+    from gunicorn.config import Config as GunicornConfig
+
+    conf = gunicorn_settings(monkeypatch, API_KEY=api_key)
+    settings = GunicornConfig()
+    settings.set("bind", [bind])
+    arbiter = SimpleNamespace(cfg=settings, log=logging.getLogger("gunicorn.error"))  # what the hook reads
+    with caplog.at_level("WARNING", logger="gunicorn.error"):
+        conf["when_ready"](arbiter)
+    assert ("beyond loopback, with no API_KEY" in caplog.text) is warned, caplog.text

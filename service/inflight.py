@@ -1,0 +1,101 @@
+"""The cap on generate requests in flight (MAX_INFLIGHT_REQUESTS, below THREADS).
+
+Every request being served holds one of gunicorn's THREADS threads, and a generate request holds
+its own until its reply (or its stream) ends. Were they all held, every new connection, /health
+and /metrics included, would wait in gunicorn's queue behind them: a busy, healthy replica would
+fail its liveness probe. So past the cap a generate request is refused at once, 429 `too_busy`
+with Retry-After, before its body is read: the threads it leaves free answer the probes and the
+refusals, each in about a millisecond, so the queue in front of a probe drains fast.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from flask import Flask, Response, g, request
+
+from service.errors import TooBusy
+
+# the routes that run prompts outside GENERATE_BLUEPRINTS: the race page's feed (a stream)
+OTHER_ENDPOINTS = frozenset({"page.race"})
+
+
+class Slot:
+    """One request's place under the cap; giving it back twice gives it back once."""
+
+    def __init__(self, gate: InflightGate):
+        self._gate: InflightGate | None = gate
+
+    def release(self) -> None:
+        gate, self._gate = self._gate, None
+        if gate is not None:
+            gate.leave()
+
+
+class InflightGate:
+    """A counter that never blocks: `try_enter` takes a slot if one is free."""
+
+    def __init__(self, limit: int):
+        if limit < 1:
+            raise ValueError(f"the in-flight limit must be >= 1, got {limit}")
+        self.limit = limit
+        self._held = 0
+        self._lock = threading.Lock()
+
+    @property
+    def held(self) -> int:
+        return self._held
+
+    def try_enter(self) -> Slot | None:
+        with self._lock:
+            if self._held >= self.limit:
+                return None
+            self._held += 1
+        return Slot(self)
+
+    def leave(self) -> None:
+        with self._lock:
+            self._held -= 1
+
+
+def _runs_prompts(blueprints: set[str]) -> bool:
+    # every POST of a generate blueprint runs prompts (their GETs list models or answer 404)
+    return (request.method == "POST" and request.blueprint in blueprints) or request.endpoint in OTHER_ENDPOINTS
+
+
+def register(app: Flask, limit: int, blueprints: set[str]) -> InflightGate:
+    """Gate the generate routes of `blueprints` (and OTHER_ENDPOINTS) at `limit` requests.
+
+    Register it after the hooks that every answer relies on (the request id, the clock that
+    times it): a refusal skips the before-request hooks after it. A reply gives its slot back
+    when its request is torn down, whatever happened; a stream when the server closes it (it
+    ended, failed, or the client went away). Not at its teardown: Flask tears a streamed request
+    down as soon as the view has returned, before the first event is sent."""
+    gate = InflightGate(limit)
+    app.extensions["inflight"] = gate
+
+    @app.before_request
+    def _enter() -> None:
+        if not _runs_prompts(blueprints):
+            return
+        slot = gate.try_enter()
+        if slot is None:
+            raise TooBusy(
+                f"{gate.limit} generate requests are in flight, the most this replica serves at once"
+                " (MAX_INFLIGHT_REQUESTS): retry after Retry-After seconds, or on another replica"
+            )
+        g.inflight_slot = slot
+
+    @app.after_request
+    def _hand_to_stream(response: Response) -> Response:
+        if response.is_streamed and "inflight_slot" in g:
+            response.call_on_close(g.pop("inflight_slot").release)
+        return response
+
+    @app.teardown_request
+    def _leave(exc: BaseException | None) -> None:
+        slot = g.pop("inflight_slot", None)
+        if slot is not None:
+            slot.release()
+
+    return gate
