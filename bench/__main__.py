@@ -1,6 +1,7 @@
 """Benchmark the service under gunicorn, phase by phase (docs/performance.md); print markdown
 tables, write JSON. `python -m bench` (quick: N=1 4 16, one repeat; under 8 min on 2 busy cores),
-`--full` (every phase, N=1 4 16 64, 3 repeats; about an hour), `--only PHASE ...`, `--skip PHASE ...`."""
+`--full` (every phase, N=1 4 16 64, 3 repeats; about an hour), `--only PHASE ...`, `--skip PHASE ...`;
+`--only soak` (minutes of overload, bench/soak.py) runs only when asked."""
 
 import argparse
 import contextlib
@@ -19,13 +20,14 @@ from pathlib import Path
 from batcher.checkpoint import resolve_model
 from batcher.profile import child, choose, show, store
 from batcher.profile import measure as profiling
-from bench import measure, report, serve_client, structured, wait
+from bench import measure, report, serve_client, soak, structured, wait
 from deploy.server import ROOT, SETTLED, Server
 from service.config import Config
 
 SWEEP_N, SWEEP, BASIC_MAX_N, READY_TIMEOUT_S, STARTUP_TIMEOUT_S = 64, [1, 2, 4, 8, 16, 64], 16, 300, 1500
 ON_THE_SERVICE = ("grid", "ttft", "structured", "openai", "wait")
 LATER = ("direct", "offline", "sweep", "fidelity", "profile", "startup")  # the service stopped; own processes
+ASKED = ("soak",)  # only in --only: minutes of overload, on a service of its own (or --url)
 QUICK = {"n": [1, 4, 16], "repeats": 1, "phases": ("grid", "ttft", "structured", "direct", "offline")}
 FULL = {"n": [1, 4, 16, 64], "repeats": 3, "phases": ON_THE_SERVICE + LATER}
 # the service waits as long as our requests do, so a slow shared machine makes slow numbers, not 504s
@@ -35,9 +37,9 @@ SERVICE_ENV = {"REQUEST_TIMEOUT_S": str(measure.TIMEOUT_S)}
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     service = Config.from_env()  # the service's own settings, so the defaults cannot drift from them
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
-    phases = dict(nargs="+", choices=FULL["phases"], metavar="PHASE")
+    phases = dict(nargs="+", choices=FULL["phases"] + ASKED, metavar="PHASE")
     p.add_argument("--full", action="store_true", help=f"every phase, N={FULL['n']}, {FULL['repeats']} repeats")
-    p.add_argument("--only", **phases, help=f"these phases alone, of {' '.join(FULL['phases'])}")
+    p.add_argument("--only", **phases, help=f"these phases alone, of {' '.join(FULL['phases'] + ASKED)}")
     p.add_argument("--skip", **phases, default=[], help="phases to leave out")
     p.add_argument("--n", nargs="+", type=int, help=f"prompt counts N (default {QUICK['n']}; --full {FULL['n']})")
     p.add_argument("--repeats", type=int, help="repeats per cell; median and min-max (default 1; --full 3)")
@@ -45,15 +47,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=service.max_new_tokens, help="max_tokens per prompt, greedy")
     p.add_argument("--no-vllm", action="store_true", help="start the service with VLLM_ENABLED=0 (fast)")
     p.add_argument("--url", help="measure the service running there (no API key; its BATCH_SIZE --batch-size's)")
+    p.add_argument("--soak-seconds", type=float, default=180, help="soak: seconds of 3x overload (default 180)")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="where the JSON goes")
     args = p.parse_args(argv)
     run = FULL if args.full else QUICK
     args.n, args.repeats = args.n or run["n"], args.repeats or run["repeats"]
-    args.phases = [name for name in FULL["phases"] if name in set(args.only or run["phases"]) - set(args.skip)]
+    args.phases = [name for name in FULL["phases"] + ASKED if name in set(args.only or run["phases"]) - set(args.skip)]
     if args.url and args.no_vllm:
         p.error("--no-vllm sets up the service it starts; with --url it is already running")
     if min(args.repeats, args.batch_size, *args.n) < 1:
         p.error("--n, --repeats and --batch-size must be >= 1")
+    if args.soak_seconds <= 0:
+        p.error("--soak-seconds must be > 0")
     return args
 
 
@@ -85,7 +90,7 @@ class Bench:
             self.res["peak_memory_gib"] = self.srv and self.srv.health().get("peak_memory_gib")
             for name in (name for name in args.phases if name in ON_THE_SERVICE):
                 self.phase(name)
-        for name in (name for name in args.phases if name in LATER):
+        for name in (name for name in args.phases if name in LATER + ASKED):
             self.phase(name)
 
     def phase(self, name: str) -> None:
@@ -158,6 +163,16 @@ class Bench:
             row["p99 latency (ms)"] = round(ms[math.ceil(0.99 * len(ms)) - 1])  # nearest rank
             rows.append({**row, "rounds (expected)": f"{run.rounds} ({math.ceil(SWEEP_N / bs)})"})
 
+    def soak(self) -> None:
+        """Overload, then recovery, at the service's own REQUEST_TIMEOUT_S (not SERVICE_ENV's): the
+        client waits 30 s longer, so that a request the service holds is answered, not lost."""
+        env = {"BATCH_SIZE": str(self.args.batch_size), "VLLM_ENABLED": str(int(not self.args.no_vllm))}
+        with Server(self.log_path, env, url=self.args.url) as srv:
+            srv.wait_ready(READY_TIMEOUT_S)
+            timeout_s = Config.from_env().request_timeout_s + 30
+            cpu = self.res["machine"]["cpu"]
+            self.res.update(soak.run(srv.url, cpu, self.args.soak_seconds, self.args.max_tokens, timeout_s))
+
     @property
     def model_path(self) -> str:
         config = Config.from_env()
@@ -219,6 +234,10 @@ def main(argv: list[str] | None = None) -> int:
     path = report.write(bench.res, bench.args.out)
     print("\n" + "\n".join(report.lines(bench.res)))
     print(f"wrote {path} (copied to latest.json); {bench.res['elapsed_s']:.0f} s", flush=True)
+    if "soak" in bench.args.phases and bench.res.get("soak_verdict") != "PASS":
+        why = bench.res.get("soak_failures") or [n for n in bench.res["notes"] if n.startswith("soak")]
+        print(f"soak FAILED: {'; '.join(why)}", flush=True)
+        return 1
     return 0
 
 

@@ -26,6 +26,7 @@ TITLES = {
     "fidelity": "Fidelity and decode speed, each configuration in its own process",
     "profile": "The machine profile: stored beside a fresh measurement of every candidate it did not rule out",
     "startup": "Start-up, cold then warm (seconds since gunicorn was launched)",
+    "soak": "Soak: open-loop arrivals at 3x capacity, CPU hogs, then a quiet spell (bench/soak.py)",
     "targets": "Targets",
     "phases": "Phases",
 }
