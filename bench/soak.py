@@ -118,14 +118,35 @@ def worker(port: int) -> psutil.Process | None:
     return None
 
 
-class Watch:
-    """Once a second until stopped: /health and /metrics timed, the worker's RSS and threads."""
+def probe(url: str, path: str, stop, out) -> None:
+    """Once a second until `stop`: `path` timed, (path, seconds, status) into `out`. In a process
+    of its own, as a kubelet probes from outside: in the load's process it shared one GIL with up
+    to MAX_IN_FLIGHT client threads and timed their turns too (a 3.1 s /health once, here)."""
+    while not stop.wait(1.0):
+        started = time.monotonic()
+        try:
+            status = requests.get(url + path, timeout=10).status_code
+            took = time.monotonic() - started
+        except requests.RequestException:
+            status, took = 0, float("inf")
+        out.put((path, took, status))
 
-    def __init__(self, url: str):
+
+class Watch:
+    """Once a second until stopped: /health and /metrics timed (each by a process of its own,
+    `probe`), the worker's RSS and threads. `fork`: the multiprocessing context to start the
+    probes with, before any thread of ours runs."""
+
+    def __init__(self, url: str, fork):
         self.url, self.stop, self.proc = url, threading.Event(), worker(urlsplit(url).port or 80)
         self.latency, self.samples, self.pids = {"/health": 0.0, "/metrics": 0.0}, [], set()
         self.polls, self.missed, self.not_ok = Counter(), Counter(), Counter()  # missed: not within the limit
-        self.threads = [threading.Thread(target=self._poll, args=(p,), daemon=True) for p in self.latency]
+        self.probes_stop, self.results = fork.Event(), fork.SimpleQueue()
+        self.probes = [
+            fork.Process(target=probe, args=(url, path, self.probes_stop, self.results), daemon=True)
+            for path in self.latency
+        ]
+        self.threads = [threading.Thread(target=self._sample, daemon=True)]
 
     def sample(self) -> tuple[float, int] | None:
         """(RSS in MiB, threads) of the worker now, found again if it was replaced."""
@@ -139,28 +160,34 @@ class Watch:
         except psutil.Error:
             return None
 
-    def _poll(self, path: str) -> None:
+    def _sample(self) -> None:
         while not self.stop.wait(1.0):
-            started = time.monotonic()
-            try:
-                self.not_ok[path] += requests.get(self.url + path, timeout=10).status_code != 200
-                took = time.monotonic() - started
-            except requests.RequestException:
-                took = float("inf")
-            self.latency[path], self.polls[path] = max(self.latency[path], min(took, 10.0)), self.polls[path] + 1
-            self.missed[path] += took > HEALTH_LIMIT_S
-            if path == "/health" and (now := self.sample()):
+            if now := self.sample():
                 self.samples.append(now)
 
+    def _count(self) -> None:
+        """The probes' results, gathered once they have stopped."""
+        while not self.results.empty():
+            path, took, status = self.results.get()
+            self.latency[path], self.polls[path] = max(self.latency[path], min(took, 10.0)), self.polls[path] + 1
+            self.missed[path] += took > HEALTH_LIMIT_S
+            self.not_ok[path] += status != 200
+
     def __enter__(self) -> Watch:
+        for p in self.probes:
+            p.start()
         for t in self.threads:
             t.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self.stop.set()
+        self.probes_stop.set()
+        for p in self.probes:
+            p.join(15)
         for t in self.threads:
             t.join(15)
+        self._count()
 
 
 def hog(go, stop, seconds: float) -> None:
@@ -267,7 +294,7 @@ def run(url: str, cpu: str, seconds: float, max_tokens: int, timeout_s: float) -
         p.start()
     timer = threading.Timer(third, go.set)
     try:
-        with Watch(url) as watch:
+        with Watch(url, fork) as watch:
             before = watch.sample()
             rate = LOAD_FACTOR * capacity(url, mix, max_tokens, min(15.0, max(2.0, seconds / 6)), timeout_s)
             print(f"  soak: {rate / LOAD_FACTOR:.2f} req/s capacity; {rate:.2f} req/s for {seconds:.0f} s", flush=True)
