@@ -213,9 +213,10 @@ def short_timeout(app):
 @pytest.fixture
 def unpredicted(vllm_app, monkeypatch):
     """Both engines' predictions unknown for one test, so that admission lets every request in
-    (an unknown prediction refuses nothing, batcher/engine.py): for tests of what happens after
-    admission (a deadline that passes in the queue), which must not hang on how fast this CPU
-    ran the rounds measured before them."""
+    (an unknown prediction refuses only what would pile up past the engine's `unmeasured_room`,
+    batcher/engine.py; these tests send less): for tests of what happens after admission (a
+    deadline that passes in the queue), which must not hang on how fast this CPU ran the rounds
+    measured before them."""
     from batcher.predict import Prediction
 
     for engine in vllm_app.extensions["engines"].values():
@@ -275,9 +276,10 @@ SHARED_FIXTURES = ("shared_server", "app", "runner_fp32", "static_server", "serv
 COST_S = {
     "test_cluster": 180, "test_tools": 130, "test_eval": 126, "test_structured": 103, "test_sampling": 95,
     "test_profile": 72, "test_openai": 71, "test_static_compile": 67, "test_slow_clients": 46, "test_fuzz": 33,
-    "test_isolation": 30, "test_page": 29, "test_bench_smoke": 10, "test_drain": 27, "test_admission": 23,
-    "test_runner": 20, "test_openai_fields": 18, "test_streaming": 16, "test_echo": 14, "test_vllm": 10,
-    "test_api": 10, "test_worker": 9, "test_context": 8, "test_e2e": 7, "test_race": 5,
+    "test_overload": 50, "test_isolation": 30, "test_page": 29, "test_bench_smoke": 28, "test_drain": 27,
+    "test_admission": 23, "test_runner": 20, "test_openai_fields": 18, "test_streaming": 16, "test_echo": 14,
+    "test_vllm": 10, "test_api": 10, "test_worker": 9, "test_context": 8, "test_e2e": 7, "test_race": 5,
+    "test_kubernetes": 5, "test_hosts": 230, "test_crash_only": 50, "test_request_bounds": 15, "test_recovery": 2,
 }  # fmt: skip
 
 
