@@ -52,6 +52,9 @@ endif
 	# nginx balances `make cluster`'s replicas; best effort, as for tcmalloc: needs root and apt-get.
 	-[ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! [ -x /usr/sbin/nginx ] && \
 	  (apt-get install -y -qq nginx || (apt-get update -qq && apt-get install -y -qq nginx))
+	# iproute2 (`ip netns`, veth) makes tests/test_hosts.py's test hosts; best effort, as for nginx.
+	-[ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v ip >/dev/null && ! [ -x /usr/sbin/ip ] && \
+	  (apt-get install -y -qq iproute2 || (apt-get update -qq && apt-get install -y -qq iproute2))
 	rm -f $(VENV)/.installed-*
 	touch $@
 

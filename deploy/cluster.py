@@ -12,7 +12,9 @@ Settings come from the environment, as for `make serve`: PORT (nginx; replicas o
 REPLICAS), REPLICAS, HOST (nginx; loopback unless set), REPLICA_HOST (the replicas; loopback unless
 set), CLUSTER_DIR (the run folder), and every service knob, which the replicas inherit. ACCEL=gpu
 gives replica i the GPU i-1 (CUDA_VISIBLE_DEVICES). Listening beyond loopback with no API_KEY logs
-a warning (so does each replica's gunicorn, gunicorn.conf.py).
+a warning (so does each replica's gunicorn, gunicorn.conf.py). Two settings have no variable, for a
+caller that places the programs on other hosts (deploy/hosts.py): a host per replica, and a prefix
+per program's command (e.g. `ip netns exec h1`).
 
     python -m deploy.cluster serve | run | rolling-restart
 """
@@ -32,7 +34,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import jinja2
@@ -45,6 +47,7 @@ SETTINGS_FILE = "cluster.json"  # what `run` rendered with, for `rolling-restart
 # Where nginx, the replicas and plain gunicorn (gunicorn.conf.py) listen unless HOST (REPLICA_HOST)
 # says otherwise: safe by default, since the service has no API key unless one is set.
 DEFAULT_HOST = "127.0.0.1"
+WILDCARDS = ("0.0.0.0", "", "::")  # a replica bound to one is reached on this machine at DEFAULT_HOST
 # nginx resends a refused request at most once more (proxy_next_upstream_tries counts the first
 # try), and only within this many seconds of its first: a replica refuses in milliseconds, so a
 # later failure is not a refusal, and a second refusal says the cluster is full (the client has
@@ -90,6 +93,18 @@ class Settings:
     replica_host: str = DEFAULT_HOST  # where the replicas bind (REPLICA_HOST: e.g. for /metrics per replica)
     logs_to_terminal: bool = False  # the replicas' output on supervisord's stdout, not in files
     has_api_key: bool = False  # API_KEY set (the warning about a listener beyond loopback)
+    # replica i binds, and nginx and the health checks reach it, at replica_hosts[i-1]; empty: every
+    # replica at replica_host
+    replica_hosts: tuple[str, ...] = ()
+    # a prefix to a supervisord program's command ("nginx", "replica1", ...): e.g. "ip netns exec h1"
+    prefixes: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.replica_hosts and len(self.replica_hosts) != self.replicas:
+            raise ValueError(f"{len(self.replica_hosts)} replica_hosts for {self.replicas} replicas")
+        unknown = set(self.prefixes) - {"nginx", *(f"replica{i}" for i in range(1, self.replicas + 1))}
+        if unknown:
+            raise ValueError(f"prefixes for no such program: {sorted(unknown)}")
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -125,16 +140,23 @@ class Settings:
     @classmethod
     def load(cls, run_dir: Path) -> Settings:
         values = json.loads((run_dir / SETTINGS_FILE).read_text())
-        return cls(**{**values, "run_dir": Path(values["run_dir"])})
+        replica_hosts = tuple(values.pop("replica_hosts", ()))  # a list in JSON
+        return cls(**{**values, "run_dir": Path(values["run_dir"]), "replica_hosts": replica_hosts})
 
     @property
     def replica_ports(self) -> list[int]:
         return [self.port + i for i in range(1, self.replicas + 1)]
 
-    @property
-    def replica_address(self) -> str:
-        """Where nginx (on this machine) reaches a replica bound to `replica_host`."""
-        return "127.0.0.1" if self.replica_host in ("0.0.0.0", "", "::") else self.replica_host
+    def replica_at(self, i: int) -> tuple[str, str]:
+        """Replica i's (1-based) host: where it binds, and the address nginx and the health checks
+        reach it at (this machine's loopback for a wildcard)."""
+        bind = self.replica_hosts[i - 1] if self.replica_hosts else self.replica_host
+        return bind, DEFAULT_HOST if bind in WILDCARDS else bind
+
+    def command_prefix(self, program: str) -> str:
+        """What goes before the program's command in supervisord.conf: its prefix and a space, or ""."""
+        prefix = self.prefixes.get(program, "")
+        return f"{prefix} " if prefix else ""
 
     @property
     def supervisord_conf(self) -> Path:
@@ -166,7 +188,8 @@ def render(s: Settings, down: int | None = None) -> Path:
         (s.run_dir / "nginx-tmp" / sub).mkdir(parents=True, exist_ok=True)
     replicas = []
     for i, port in enumerate(s.replica_ports, 1):
-        env = {"HOST": s.replica_host, "PORT": str(port)}
+        bind, address = s.replica_at(i)
+        env = {"HOST": bind, "PORT": str(port)}
         if s.preload:
             env["LD_PRELOAD"] = s.preload
         if s.accel == "gpu":  # one replica per GPU (untested here: this machine has none)
@@ -176,7 +199,8 @@ def render(s: Settings, down: int | None = None) -> Path:
             {
                 "name": f"replica{i}",
                 "port": port,
-                "address": s.replica_address,
+                "address": address,
+                "prefix": s.command_prefix(f"replica{i}"),
                 "environment": environment,
                 "down": i == down,
             }
@@ -188,6 +212,7 @@ def render(s: Settings, down: int | None = None) -> Path:
         "port": s.port,
         "replicas": replicas,
         "nginx": _tool("nginx"),
+        "nginx_prefix": s.command_prefix("nginx"),
         "gunicorn": _tool("gunicorn"),
         "max_fails": MAX_FAILS,
         "next_upstream_tries": NEXT_UPSTREAM_TRIES,
@@ -206,14 +231,21 @@ def render(s: Settings, down: int | None = None) -> Path:
     return s.supervisord_conf
 
 
-def run(s: Settings) -> None:
+def supervisord_command(s: Settings) -> list[str]:
+    """All `run` does before it becomes supervisord (the warning, the configs, the settings that
+    `rolling-restart` renders from); returns supervisord's command line, for a caller that runs
+    the cluster as its child (tests/test_hosts.py)."""
     warn_if_open(logging.getLogger("deploy.cluster"), "nginx", s.host, s.port, s.has_api_key)
     conf = render(s)
     s.save()
-    replicas = ", ".join(f"{s.replica_address}:{port}" for port in s.replica_ports)
+    replicas = ", ".join(f"{s.replica_at(i)[1]}:{port}" for i, port in enumerate(s.replica_ports, 1))
     print(f"cluster: nginx on {s.host}:{s.port}, gunicorn on {replicas}; logs in {s.run_dir}", flush=True)
-    supervisord = _tool("supervisord")
-    os.execv(supervisord, [supervisord, "-n", "-c", str(conf)])  # signals go straight to it
+    return [_tool("supervisord"), "-n", "-c", str(conf)]
+
+
+def run(s: Settings) -> None:
+    command = supervisord_command(s)
+    os.execv(command[0], command)  # signals go straight to it
 
 
 def serve(s: Settings) -> None:
@@ -251,8 +283,8 @@ def wait_healthy(address: str, port: int, timeout_s: float) -> None:
         time.sleep(0.5)
 
 
-def rolling_restart(run_dir: Path, health_timeout_s: float) -> float:
-    """Restart the replicas one at a time; returns the seconds it took.
+def rolling_restart(run_dir: Path, health_timeout_s: float) -> dict[str, float]:
+    """Restart the replicas one at a time; returns each one's seconds from out of nginx to back in.
 
     Each replica leaves nginx's upstream first (`down`, then a graceful reload: nginx finishes what
     it sent there), so it gets no new requests while it drains and loads; requests already on
@@ -264,28 +296,33 @@ def rolling_restart(run_dir: Path, health_timeout_s: float) -> float:
     supervisorctl = _tool("supervisorctl")
 
     def ctl(*args: str) -> None:
-        subprocess.run([supervisorctl, "-c", str(s.supervisord_conf), *args], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [supervisorctl, "-c", str(s.supervisord_conf), *args],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            timeout=s.graceful_timeout_s + 60,  # a restart waits for the drain
+        )
 
-    started = time.monotonic()
-    for port in s.replica_ports:  # never take one out while another is unhealthy
-        wait_healthy(s.replica_address, port, health_timeout_s)
+    started, seconds = time.monotonic(), {}
+    for i, port in enumerate(s.replica_ports, 1):  # never take one out while another is unhealthy
+        wait_healthy(s.replica_at(i)[1], port, health_timeout_s)
     for i, port in enumerate(s.replica_ports, 1):
         t0 = time.monotonic()
         render(s, down=i)
         ctl("signal", "HUP", "nginx")
         ctl("restart", f"replicas:replica{i}")  # SIGTERM: it drains and exits 0; then it starts again
         restarted = time.monotonic() - t0
-        wait_healthy(s.replica_address, port, health_timeout_s)
+        wait_healthy(s.replica_at(i)[1], port, health_timeout_s)
         render(s)
         ctl("signal", "HUP", "nginx")
+        seconds[f"replica{i}"] = time.monotonic() - t0
         print(
             f"rolling-restart: replica{i} (:{port}) drained and restarted in {restarted:.1f}s, "
-            f"healthy and back in nginx after {time.monotonic() - t0:.1f}s",
+            f"healthy and back in nginx after {seconds[f'replica{i}']:.1f}s",
             flush=True,
         )
-    elapsed = time.monotonic() - started
-    print(f"rolling-restart: {s.replicas} replicas restarted in {elapsed:.1f}s", flush=True)
-    return elapsed
+    print(f"rolling-restart: {s.replicas} replicas restarted in {time.monotonic() - started:.1f}s", flush=True)
+    return seconds
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import configparser
+import dataclasses
 import logging
 import re
 import runpy
@@ -63,6 +64,39 @@ def test_a_restarting_replica_is_marked_down_and_the_settings_are_kept_for_the_r
     text = (rendered.run_dir / "nginx.conf").read_text()
     assert "server 127.0.0.1:9102 max_fails=3 fail_timeout=5s down;" in text
     assert text.count(" down;") == 1
+
+
+def test_each_replica_binds_is_reached_and_runs_where_its_settings_place_it(rendered):
+    """replica_hosts and prefixes (deploy/hosts.py's test hosts): replica i binds to its own host,
+    nginx's upstream names that host, and each program's command starts with its prefix; kept for
+    the rolling restart."""
+    placed = dataclasses.replace(
+        rendered,
+        replica_hosts=("10.9.0.2", "10.9.0.3", "0.0.0.0"),
+        prefixes={"nginx": "ip netns exec lb", "replica1": "ip netns exec h1", "replica2": "ip netns exec h2"},
+    )
+    cluster.render(placed, down=2)
+    placed.save()
+    assert cluster.Settings.load(placed.run_dir) == placed
+    nginx = (placed.run_dir / "nginx.conf").read_text()
+    assert (
+        "server 10.9.0.2:9101 max_fails=" in nginx and "server 10.9.0.3:9102 max_fails=3 fail_timeout=5s down;" in nginx
+    )
+    assert "server 127.0.0.1:9103 max_fails=" in nginx  # a wildcard is reached on loopback
+    parser = configparser.RawConfigParser(inline_comment_prefixes=(";",))
+    parser.read(placed.run_dir / "supervisord.conf")
+    assert parser.get("program:nginx", "command").startswith(f"ip netns exec lb {cluster.find_tool('nginx')} -c ")
+    for i, (host, prefix) in enumerate(
+        [("10.9.0.2", "ip netns exec h1 "), ("10.9.0.3", "ip netns exec h2 "), ("0.0.0.0", "")], 1
+    ):
+        section = f"program:replica{i}"
+        assert f'HOST="{host}"' in parser.get(section, "environment")
+        command = parser.get(section, "command")
+        assert command.startswith(f"{prefix}{cluster.find_tool('gunicorn')} -c gunicorn.conf.py"), command
+    with pytest.raises(ValueError, match="replica_hosts"):
+        dataclasses.replace(rendered, replica_hosts=("10.9.0.2",))
+    with pytest.raises(ValueError, match="replica4"):
+        dataclasses.replace(rendered, prefixes={"replica4": "ip netns exec h4"})
 
 
 def test_supervisord_runs_nginx_and_one_program_per_replica_in_one_group(rendered):
@@ -152,14 +186,14 @@ def test_cluster_and_replicas_bind_loopback_unless_host_says_otherwise(tmp_path,
     for name in ("HOST", "REPLICA_HOST"):
         monkeypatch.delenv(name, raising=False)
     s = cluster.Settings.from_env()
-    assert (s.host, s.replica_host, s.replica_address) == ("127.0.0.1", "127.0.0.1", "127.0.0.1")
+    assert (s.host, s.replica_at(1)) == ("127.0.0.1", ("127.0.0.1", "127.0.0.1"))
     monkeypatch.setenv("HOST", "")  # what `make cluster` passes when HOST is not given
     assert cluster.Settings.from_env().host == "127.0.0.1"
     monkeypatch.setenv("HOST", "0.0.0.0")  # nginx on every interface; the replicas stay on loopback
     assert (cluster.Settings.from_env().host, cluster.Settings.from_env().replica_host) == ("0.0.0.0", "127.0.0.1")
     monkeypatch.setenv("REPLICA_HOST", "0.0.0.0")  # asked for: e.g. /metrics scraped from another machine
     s = cluster.Settings.from_env()
-    assert (s.replica_host, s.replica_address) == ("0.0.0.0", "127.0.0.1")
+    assert s.replica_at(2) == ("0.0.0.0", "127.0.0.1")
 
 
 @pytest.mark.parametrize(
