@@ -40,14 +40,10 @@ class Calibration:
         return ratios[max(0, math.ceil(q * len(ratios)) - 1)]
 
     def apply(self, model: Prediction) -> Prediction:
-        """The cost model's prediction with its 90th-percentile bounds: the first token's, and the
-        completion's by the same factor (a load that slows first tokens slows the steps after
-        them: a soak's CPU hogs once turned admitted requests into 504s when only the first
-        token's bound followed them)."""
+        """The cost model's prediction with its 90th-percentile bound."""
         if not model.known:
             return model
-        factor = self.factor(0.9)
-        return dataclasses.replace(model, ttft_p90_s=model.ttft_s * factor, total_p90_s=model.total_s * factor)
+        return dataclasses.replace(model, ttft_p90_s=model.ttft_s * self.factor(0.9))
 
     def shown(self) -> dict:
         return {"sequences": len(self._ratios), "p50": round(self.factor(0.5), 3), "p90": round(self.factor(0.9), 3)}

@@ -343,6 +343,6 @@ def _admit(
         message = f"predicted time to first token {prediction.ttft_p90_s * 1000:.0f} ms (90th percentile)"
         message += f" on the {engine} engine"
         raise WaitTooLong(f"{message} exceeds the deadline of {max_ttft_s * 1000:g} ms", prediction=prediction)
-    if max_total_s is not None and prediction.total_p90_s > max_total_s:
-        message = f"predicted completion in {prediction.total_p90_s:.1f}s (90th percentile) on the {engine} engine"
+    if max_total_s is not None and prediction.total_s > max_total_s:
+        message = f"predicted completion in {prediction.total_s:.1f}s on the {engine} engine"
         raise WaitTooLong(f"{message} exceeds REQUEST_TIMEOUT_S ({max_total_s:g}s)", prediction=prediction)

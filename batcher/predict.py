@@ -58,15 +58,13 @@ class Work:
 class Prediction:
     """Seconds from now; None: unknown (nothing measured yet). `ahead`: sequences queued or
     running before it. `ttft_p90_s`: the first token by then in about nine cases of ten (the
-    calibration's 90th percentile; what admission holds against a deadline), `total_p90_s` the
-    completion's by the same factor (what admission holds against REQUEST_TIMEOUT_S)."""
+    calibration's 90th percentile; what admission holds against a deadline)."""
 
     queue_s: float | None
     ttft_s: float | None
     total_s: float | None
     ahead: int
     ttft_p90_s: float | None = None
-    total_p90_s: float | None = None
 
     @property
     def known(self) -> bool:
@@ -88,7 +86,6 @@ class Prediction:
             "ttft_ms": ms(self.ttft_s),
             "ttft_p90_ms": ms(self.ttft_p90_s),
             "total_ms": ms(self.total_s),
-            "total_p90_ms": ms(self.total_p90_s),
             "ahead": self.ahead,
         }
 

@@ -46,6 +46,21 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, what: str =
         time.sleep(0.02)
 
 
+@contextlib.contextmanager
+def over_http(app):
+    """`app` behind werkzeug's threaded server on a free loopback port: yields "127.0.0.1:PORT"."""
+    from werkzeug.serving import make_server
+
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        thread.join(30)
+
+
 @pytest.fixture(scope="session")
 def model_path() -> str:
     defaults = Config()

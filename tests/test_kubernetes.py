@@ -18,11 +18,12 @@ import runpy
 import shutil
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.conftest import over_http
 
 ROOT = Path(__file__).resolve().parent.parent
 KUBE = ROOT / "deploy" / "kubernetes"
@@ -145,14 +146,8 @@ def test_liveness_stays_200_while_readiness_says_draining(client, monkeypatch):
 @pytest.fixture
 def served_app(vllm_app):
     """The session's app (vLLM ready) behind a real HTTP server on loopback, for the exec probe."""
-    from werkzeug.serving import make_server
-
-    server = make_server("127.0.0.1", 0, vllm_app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"127.0.0.1:{server.server_port}"
-    server.shutdown()
-    thread.join(10)
+    with over_http(vllm_app) as address:
+        yield address
 
 
 def run_probe(command: list[str], address: str) -> int:

@@ -7,12 +7,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import threading
 
 import pytest
 import requests
 
-from tests.conftest import KEY, wait_until
+from tests.conftest import KEY, over_http, wait_until
 
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -200,15 +199,9 @@ def test_with_api_key_the_page_asks_once_and_sends_it_as_a_bearer_token(server, 
 def keyless_url(app):
     """The session's in-process app (tests/conftest.py), which sets no API_KEY, on a loopback port
     through werkzeug in a thread: a service that needs no key, without a gunicorn start of its own."""
-    from werkzeug.serving import make_server
-
     assert app.config["SERVICE"].api_keys == []
-    http = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=http.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{http.server_port}"
-    http.shutdown()
-    thread.join(30)
+    with over_http(app) as address:
+        yield f"http://{address}"
 
 
 def test_without_an_api_key_the_page_never_asks_for_one(keyless_url, browser):
