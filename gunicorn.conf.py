@@ -4,14 +4,20 @@ gunicorn -c gunicorn.conf.py wsgi:app
 """
 
 import os
+import shutil
 import signal
+import socket
+import subprocess
+import sys
+import tempfile
 
 from deploy.cluster import DEFAULT_HOST, warn_if_open
 from service.config import Config
 
 SERVICE = Config.from_env()  # the worker's settings, read here too (no torch: service/config.py)
 
-bind = f"{os.environ.get('HOST') or DEFAULT_HOST}:{os.environ.get('PORT', '8000')}"
+HOST = os.environ.get("HOST") or DEFAULT_HOST
+bind = f"{HOST}:{os.environ.get('PORT', '8000')}"
 
 # One process: the model thread(s) and every request thread share the engines' memory, so no
 # multiprocessing hop between web and model. More workers would each load their own models.
@@ -58,12 +64,65 @@ logconfig_dict = {
 }
 
 
+PROBE = {}  # the probe server (deploy/probe.py), the master's child: "process", "dir"
+
+
 def when_ready(server):
     """In the master, once it listens: say so when anyone who reaches it may generate (a host
-    beyond loopback and no API_KEY). Before the worker loads anything: it is seen at once."""
+    beyond loopback and no API_KEY). Before the worker loads anything: it is seen at once. With
+    PROBE_PORT, start the probe server: the master binds its socket (a port in use stops the
+    start here, with the error) and hands it over; the worker, forked after this, writes into
+    its folder (service/beacon.py)."""
     for address in server.cfg.address:  # (host, port), or a unix socket's path
         if isinstance(address, tuple):
             warn_if_open(server.log, "gunicorn", address[0], address[1], bool(SERVICE.api_keys))
+    if SERVICE.probe_port:
+        family = socket.AF_INET6 if ":" in HOST else socket.AF_INET
+        try:
+            sock = socket.create_server((HOST, SERVICE.probe_port), family=family, backlog=128)
+        except OSError as exc:
+            server.log.error("PROBE_PORT %d: %s; not starting", SERVICE.probe_port, exc)
+            raise SystemExit(1) from None
+        folder = tempfile.mkdtemp(prefix="batcher-probe-")
+        os.environ["PROBE_DIR"] = folder  # the worker's copy of the environment names it
+        command = [
+            sys.executable,
+            "-m",
+            "deploy.probe",
+            "--fd",
+            str(sock.fileno()),
+            "--dir",
+            folder,
+            "--parent",
+            str(os.getpid()),
+        ]
+        process = subprocess.Popen(command, pass_fds=[sock.fileno()])
+        sock.close()  # the probe server has it; forked workers must not hold it open
+        PROBE.update(process=process, dir=folder)
+        server.log.info(
+            "probe server (pid %d) on %s:%d: /health, /livez, /metrics", process.pid, HOST, SERVICE.probe_port
+        )
+
+
+def on_exit(server):
+    """The master leaves: the probe server with it."""
+    process = PROBE.get("process")
+    if process is not None:
+        process.terminate()
+        try:
+            process.wait(5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        shutil.rmtree(PROBE["dir"], ignore_errors=True)
+
+
+def post_fork(server, worker):
+    """In the worker, before it loads the app: with a probe server, start publishing to it
+    ("starting" until post_worker_init attaches the app)."""
+    if os.environ.get("PROBE_DIR"):
+        from service.beacon import Beacon
+
+        worker.beacon = Beacon(os.environ["PROBE_DIR"]).start()
 
 
 def post_worker_init(worker):
@@ -90,9 +149,18 @@ def post_worker_init(worker):
         finally:
             gunicorn_handler(signal.SIGTERM, None)
 
+    beacon = getattr(worker, "beacon", None)
+    if beacon is not None:  # the probe port answers what the worker's /health would
+        from service.ops import health_reply, metrics_text
+
+        config, engines, registry = app.config["SERVICE"], app.extensions["engines"], app.extensions["metrics"].registry
+        beacon.attach(lambda: health_reply(engines, config.max_new_tokens), lambda: metrics_text(registry))
+
     def on_sigterm(signum, frame):  # only sets events: the drain runs in its own thread
         begin_shutdown(app)
         sigterm.set()
+        if beacon is not None:
+            beacon.kick()  # the probe port says "draining" now, not at the next tick
 
     threading.Thread(target=drain_then_exit, name="drain-on-sigterm", daemon=True).start()
     signal.signal(signal.SIGTERM, on_sigterm)
@@ -102,6 +170,8 @@ def post_worker_init(worker):
         worker drains what the other engine holds and exits, the way SIGTERM does, and gunicorn's
         master starts a fresh worker."""
         worker.log.error("the %s engine failed (%s): this worker leaves; the master starts a fresh one", engine, error)
+        if beacon is not None:
+            beacon.kick()
         os.kill(os.getpid(), signal.SIGTERM)
 
     for engine in app.extensions["engines"].values():

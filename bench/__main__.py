@@ -48,6 +48,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-vllm", action="store_true", help="start the service with VLLM_ENABLED=0 (fast)")
     p.add_argument("--url", help="measure the service running there (no API key; its BATCH_SIZE --batch-size's)")
     p.add_argument("--soak-seconds", type=float, default=180, help="soak: seconds of 3x overload (default 180)")
+    p.add_argument("--probe-url", help="soak with --url: its probe server (PROBE_PORT), held to the 1 s rule")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="where the JSON goes")
     args = p.parse_args(argv)
     run = FULL if args.full else QUICK
@@ -171,7 +172,8 @@ class Bench:
             srv.wait_ready(READY_TIMEOUT_S)
             timeout_s = Config.from_env().request_timeout_s + 30
             cpu = self.res["machine"]["cpu"]
-            self.res.update(soak.run(srv.url, cpu, self.args.soak_seconds, self.args.max_tokens, timeout_s))
+            args = (cpu, self.args.soak_seconds, self.args.max_tokens, timeout_s)
+            self.res.update(soak.run(srv.url, *args, probe_url=self.args.probe_url or srv.probe_url))
 
     @property
     def model_path(self) -> str:

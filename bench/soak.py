@@ -3,9 +3,10 @@ LOAD_FACTOR x the capacity measured just before, a mix of every generate route o
 streamed and not, two CPU-spinning processes for the middle third; then a quiet spell that sends one
 ordinary request at a time until one is admitted. Every request sent is accounted for: answered 200,
 refused with a reason (429/503/504), or lost (a connection error, a client timeout, a cut stream, any
-other status). /health and /metrics are polled once a second throughout, the worker's RSS and
-threads sampled. It fails on a lost request, a refusal without its reason, a /health slower than
-1 s, or no admission within the quiet spell."""
+other status). /health and /metrics are polled once a second throughout, on the probe server
+(PROBE_PORT, deploy/probe.py) and on the worker itself, the worker's RSS and threads sampled. It
+fails on a lost request, a refusal without its reason, a probe server's /health or /metrics (the
+worker's own, without one) slower than 1 s, or no admission within the quiet spell."""
 
 from __future__ import annotations
 
@@ -118,18 +119,29 @@ def worker(port: int) -> psutil.Process | None:
     return None
 
 
-def probe(url: str, path: str, stop, out) -> None:
-    """Once a second until `stop`: `path` timed, (path, seconds, status) into `out`. In a process
+def probe(label: str, url: str, stop, out) -> None:
+    """Once a second until `stop`: `url` timed, (label, seconds, status) into `out`. In a process
     of its own, as a kubelet probes from outside: in the load's process it shared one GIL with up
     to MAX_IN_FLIGHT client threads and timed their turns too (a 3.1 s /health once, here)."""
     while not stop.wait(1.0):
         started = time.monotonic()
         try:
-            status = requests.get(url + path, timeout=10).status_code
+            status = requests.get(url, timeout=10).status_code
             took = time.monotonic() - started
         except requests.RequestException:
             status, took = 0, float("inf")
-        out.put((path, took, status))
+        out.put((label, took, status))
+
+
+def targets(url: str, probe_url: str | None) -> tuple[dict[str, str], set[str]]:
+    """What to poll ({label: URL}) and which of them the 1 s rule holds: the probe server's
+    /health and /metrics where there is one (what a kubelet and Prometheus are pointed at), the
+    worker's own otherwise; the worker's are polled and shown either way."""
+    polled = {f"worker {p}": url + p for p in ("/health", "/metrics")}
+    if probe_url is None:
+        return polled, set(polled)
+    probes = {f"probe server {p}": probe_url + p for p in ("/health", "/metrics")}
+    return {**probes, **polled}, set(probes)
 
 
 class Watch:
@@ -137,14 +149,15 @@ class Watch:
     `probe`), the worker's RSS and threads. `fork`: the multiprocessing context to start the
     probes with, before any thread of ours runs."""
 
-    def __init__(self, url: str, fork):
+    def __init__(self, url: str, probe_url: str | None, fork):
         self.url, self.stop, self.proc = url, threading.Event(), worker(urlsplit(url).port or 80)
-        self.latency, self.samples, self.pids = {"/health": 0.0, "/metrics": 0.0}, [], set()
+        polled, self.ruled = targets(url, probe_url)
+        self.latency, self.samples, self.pids = dict.fromkeys(polled, 0.0), [], set()
         self.polls, self.missed, self.not_ok = Counter(), Counter(), Counter()  # missed: not within the limit
         self.probes_stop, self.results = fork.Event(), fork.SimpleQueue()
         self.probes = [
-            fork.Process(target=probe, args=(url, path, self.probes_stop, self.results), daemon=True)
-            for path in self.latency
+            fork.Process(target=probe, args=(label, target, self.probes_stop, self.results), daemon=True)
+            for label, target in polled.items()
         ]
         self.threads = [threading.Thread(target=self._sample, daemon=True)]
 
@@ -278,7 +291,7 @@ def quiet(url: str, path: str, max_tokens: int, ended: float, timeout_s: float) 
     return None, time.monotonic() - ended, tries
 
 
-def run(url: str, cpu: str, seconds: float, max_tokens: int, timeout_s: float) -> dict:
+def run(url: str, cpu: str, seconds: float, max_tokens: int, timeout_s: float, probe_url: str | None = None) -> dict:
     """The whole soak against the service at `url`; its table, its counts and its verdict."""
     engines = requests.get(url + "/health", timeout=10).json()["engines"]
     status = {name: engines.get(name, {}).get("status") for name in ROUTES}
@@ -294,7 +307,7 @@ def run(url: str, cpu: str, seconds: float, max_tokens: int, timeout_s: float) -
         p.start()
     timer = threading.Timer(third, go.set)
     try:
-        with Watch(url, fork) as watch:
+        with Watch(url, probe_url, fork) as watch:
             before = watch.sample()
             rate = LOAD_FACTOR * capacity(url, mix, max_tokens, min(15.0, max(2.0, seconds / 6)), timeout_s)
             print(f"  soak: {rate / LOAD_FACTOR:.2f} req/s capacity; {rate:.2f} req/s for {seconds:.0f} s", flush=True)
@@ -321,11 +334,12 @@ def failures(load: Load, recovery: tuple, watch: Watch) -> list[str]:
     bare = sum(n for k, n in load.outcomes.items() if k.startswith("FAIL"))
     out = [f"{lost} of {load.sent} requests lost or unanswered"] if lost else []
     out += [f"{bare} refusals without a reason or Retry-After"] if bare else []
-    if watch.missed["/health"] or watch.latency["/health"] > HEALTH_LIMIT_S:
-        out.append(
-            f"/health did not answer within {HEALTH_LIMIT_S:g} s in {watch.missed['/health']} of "
-            f"{watch.polls['/health']} polls (max {watch.latency['/health']:.2f} s)"
-        )
+    for label in sorted(watch.ruled):
+        if watch.missed[label] or watch.latency[label] > HEALTH_LIMIT_S:
+            out.append(
+                f"{label} did not answer within {HEALTH_LIMIT_S:g} s in {watch.missed[label]} of "
+                f"{watch.polls[label]} polls (max {watch.latency[label]:.2f} s)"
+            )
     if recovery[0] is None:
         out.append(f"no ordinary request admitted within the {QUIET_S:g} s quiet spell ({recovery[2]} tried)")
     return out
@@ -362,7 +376,8 @@ def verdict(cpu: str, seconds: float, rate: float, skipped: list[str], load: Loa
          f"worker pids seen: {len(watch.pids)}"),
         ("worker threads before / peak / after", _trio((before[1], peak[1], after[1]), "{:d}"), ""),
         *((f"{p} max latency (ms)", round(1000 * s), f"{watch.polls[p]} polls, 1/s: {watch.missed[p]} over "
-           f"{HEALTH_LIMIT_S:g} s or unanswered, {watch.not_ok[p]} not 200")
+           f"{HEALTH_LIMIT_S:g} s or unanswered, {watch.not_ok[p]} not 200"
+           f"{'' if p in watch.ruled else '; shown, not ruled'}")
           for p, s in watch.latency.items()),
         ("verdict", "FAIL" if why else "PASS", "; ".join(why)),
     ]  # fmt: skip

@@ -9,12 +9,13 @@ it out of nginx's upstream (`down`, reload) while it drains and loads, and puts 
 to the next only once it answers /health 200 again.
 
 Settings come from the environment, as for `make serve`: PORT (nginx; replicas on PORT+1..PORT+
-REPLICAS), REPLICAS, HOST (nginx; loopback unless set), REPLICA_HOST (the replicas; loopback unless
-set), CLUSTER_DIR (the run folder), and every service knob, which the replicas inherit. ACCEL=gpu
-gives replica i the GPU i-1 (CUDA_VISIBLE_DEVICES). Listening beyond loopback with no API_KEY logs
-a warning (so does each replica's gunicorn, gunicorn.conf.py). Two settings have no variable, for a
-caller that places the programs on other hosts (deploy/hosts.py): a host per replica, and a prefix
-per program's command (e.g. `ip netns exec h1`).
+REPLICAS, and their probe servers, deploy/probe.py, on the REPLICAS ports after those), REPLICAS,
+HOST (nginx; loopback unless set), REPLICA_HOST (the replicas; loopback unless set), CLUSTER_DIR
+(the run folder), and every service knob, which the replicas inherit. ACCEL=gpu gives replica i the
+GPU i-1 (CUDA_VISIBLE_DEVICES). Listening beyond loopback with no API_KEY logs a warning (so does
+each replica's gunicorn, gunicorn.conf.py). Two settings have no variable, for a caller that places
+the programs on other hosts (deploy/hosts.py): a host per replica, and a prefix per program's
+command (e.g. `ip netns exec h1`).
 
     python -m deploy.cluster serve | run | rolling-restart
 """
@@ -147,6 +148,11 @@ class Settings:
     def replica_ports(self) -> list[int]:
         return [self.port + i for i in range(1, self.replicas + 1)]
 
+    @property
+    def probe_ports(self) -> list[int]:
+        """Replica i's probe server (PROBE_PORT, deploy/probe.py): the REPLICAS ports after theirs."""
+        return [self.port + self.replicas + i for i in range(1, self.replicas + 1)]
+
     def replica_at(self, i: int) -> tuple[str, str]:
         """Replica i's (1-based) host: where it binds, and the address nginx and the health checks
         reach it at (this machine's loopback for a wildcard)."""
@@ -187,9 +193,9 @@ def render(s: Settings, down: int | None = None) -> Path:
     for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
         (s.run_dir / "nginx-tmp" / sub).mkdir(parents=True, exist_ok=True)
     replicas = []
-    for i, port in enumerate(s.replica_ports, 1):
+    for i, (port, probe_port) in enumerate(zip(s.replica_ports, s.probe_ports, strict=True), 1):
         bind, address = s.replica_at(i)
-        env = {"HOST": bind, "PORT": str(port)}
+        env = {"HOST": bind, "PORT": str(port), "PROBE_PORT": str(probe_port)}
         if s.preload:
             env["LD_PRELOAD"] = s.preload
         if s.accel == "gpu":  # one replica per GPU (untested here: this machine has none)
@@ -199,6 +205,7 @@ def render(s: Settings, down: int | None = None) -> Path:
             {
                 "name": f"replica{i}",
                 "port": port,
+                "probe_port": probe_port,
                 "address": address,
                 "prefix": s.command_prefix(f"replica{i}"),
                 "environment": environment,

@@ -53,19 +53,20 @@ def free_port_run(count: int = 1) -> int:
 
 class Server:
     """`gunicorn -c gunicorn.conf.py wsgi:app` in its own session, its output appended to
-    `log_path`, with `env` on top of ours. A context manager that stops it. With `url`: a service
+    `log_path`, with `env` on top of ours, and its probe server on the port after gunicorn's
+    (`probe_url`; `env` PROBE_PORT=0: none). A context manager that stops it. With `url`: a service
     someone else started and will stop, polled the same way (nothing launched, nothing stopped)."""
 
     def __init__(self, log_path: Path, env: dict[str, str] | None = None, url: str | None = None):
-        self.log_path, self.started, self.proc = log_path, time.monotonic(), None
+        self.log_path, self.started, self.proc, self.probe_url = log_path, time.monotonic(), None, None
         if url:
             self.url = url.rstrip("/")
             return
-        port = free_port_run()
-        self.url, env = (
-            f"http://127.0.0.1:{port}",
-            {**os.environ, "HOST": "127.0.0.1", "PORT": str(port), **(env or {})},
-        )
+        port = free_port_run(2)  # gunicorn, and its probe server (deploy/probe.py) on the next
+        env = {**os.environ, "HOST": "127.0.0.1", "PORT": str(port), "PROBE_PORT": str(port + 1), **(env or {})}
+        self.url = f"http://127.0.0.1:{port}"
+        if int(env["PROBE_PORT"]):
+            self.probe_url = f"http://127.0.0.1:{env['PROBE_PORT']}"
         cmd = [str(Path(sys.executable).with_name("gunicorn")), "-c", "gunicorn.conf.py", "wsgi:app"]
         with open(log_path, "ab") as log:  # the child keeps its own copy of the descriptor
             self.proc = subprocess.Popen(

@@ -73,6 +73,10 @@ class Config:
     # once (service/inflight.py). 0: THREADS - PROBE_THREADS, the threads left for /health, /metrics
     # and the refusals themselves
     max_inflight_requests: int = 0
+    # a small process of its own answers /health, /livez and /metrics on this port from what the
+    # worker publishes (deploy/probe.py), never behind the worker's GIL: point the orchestrator's
+    # probes and the scrapes here. 0: none (the worker's own routes still answer)
+    probe_port: int = 0
     torch_threads: int = 0  # 0: every core the process may use
     # auto: from the profile on a CPU (fp32 eager without one); compiled on a GPU
     static_compile: str = "auto"  # auto | 0 | 1
@@ -110,6 +114,8 @@ class Config:
             raise ValueError(
                 f"MAX_INFLIGHT_REQUESTS must lie in 1..THREADS - 1, got {self.inflight_limit} (THREADS {self.threads})"
             )
+        if not 0 <= self.probe_port <= 65535:
+            raise ValueError(f"PROBE_PORT must lie in 0..65535, got {self.probe_port}")
         if self.vllm_tensor_parallel_size < 1:
             raise ValueError(f"VLLM_TENSOR_PARALLEL_SIZE must be >= 1, got {self.vllm_tensor_parallel_size}")
         if self.dtype not in ("auto", "bfloat16", "float16", "float32"):

@@ -10,22 +10,21 @@ from service.errors import ApiError
 bp = Blueprint("ops", __name__)
 
 
-def _predicted(prompts: int, max_tokens: int) -> dict:
+def _predicted(engines: dict, prompts: int, max_tokens: int) -> dict:
     """Per engine: the predicted wait of a request of that size, as if it came now."""
-    return {name: eng.load(prompts, max_tokens) for name, eng in current_app.extensions["engines"].items()}
+    return {name: eng.load(prompts, max_tokens) for name, eng in engines.items()}
 
 
-@bp.get("/health")
-def health():
-    """200 once the static engine (the one every deployment has) is ready; 503 before, and 503
-    "draining" from SIGTERM on, so that a balancer stops sending work at once; 503 "failed" once
-    any engine died after it was ready (its thread raised, or it held work and made no progress
-    for ENGINE_STALL_S), naming it and the error in `failed`: the process leaves then, under
-    gunicorn, and a fresh one starts. A vLLM engine that failed to *start* is reported beside
-    the static one and does not decide the code."""
-    engines = current_app.extensions["engines"]
+def health_reply(engines: dict, max_new_tokens: int) -> tuple[dict, int]:
+    """/health's body and status code: 200 once the static engine (the one every deployment
+    has) is ready; 503 before, and 503 "draining" from SIGTERM on, so that a balancer stops
+    sending work at once; 503 "failed" once any engine died after it was ready (its thread
+    raised, or it held work and made no progress for ENGINE_STALL_S), naming it and the error in
+    `failed`: the process leaves then, under gunicorn, and a fresh one starts. A vLLM engine that
+    failed to *start* is reported beside the static one and does not decide the code. The probe
+    port answers the same body (service/beacon.py publishes it, deploy/probe.py serves it)."""
     body = {name: eng.health() for name, eng in engines.items()}
-    for name, load in _predicted(1, current_app.config["SERVICE"].max_new_tokens).items():
+    for name, load in _predicted(engines, 1, max_new_tokens).items():
         body[name]["predicted"] = load
     ready = body["static"]["status"] == "ready"
     died = {name: eng.error for name, eng in engines.items() if eng.lifecycle.died}
@@ -39,7 +38,14 @@ def health():
     reply = {"status": status, "engines": body, "peak_memory_gib": round(peak_gib, 3)}
     if died:
         reply["failed"] = died
-    return jsonify(reply), 200 if status == "ok" else 503
+    return reply, 200 if status == "ok" else 503
+
+
+@bp.get("/health")
+def health():
+    """health_reply's, for the app's own engines."""
+    reply, code = health_reply(current_app.extensions["engines"], current_app.config["SERVICE"].max_new_tokens)
+    return jsonify(reply), code
 
 
 def _size(name: str, default: int, limit: int) -> int:
@@ -62,10 +68,14 @@ def load():
     config = current_app.config["SERVICE"]
     prompts = _size("prompts", 1, config.max_prompts_per_request)
     max_tokens = _size("max_tokens", config.max_new_tokens, config.max_new_tokens_limit)
-    return jsonify({"engines": _predicted(prompts, max_tokens)})
+    return jsonify({"engines": _predicted(current_app.extensions["engines"], prompts, max_tokens)})
+
+
+def metrics_text(registry) -> bytes:
+    """/metrics' body (the probe port's too): Prometheus' text format."""
+    return generate_latest(registry)
 
 
 @bp.get("/metrics")
 def metrics():
-    registry = current_app.extensions["metrics"].registry
-    return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
+    return Response(metrics_text(current_app.extensions["metrics"].registry), mimetype=CONTENT_TYPE_LATEST)

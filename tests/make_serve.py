@@ -29,7 +29,7 @@ def listening(port: int) -> bool:
 
 class MakeServe:
     def __init__(self, run_dir: Path, env: dict[str, str]):
-        self.run_dir, self.port = run_dir, free_port_run(2)  # nginx on port, gunicorn on port + 1
+        self.run_dir, self.port = run_dir, free_port_run(3)  # nginx on port, gunicorn + 1, its probe server + 2
         self.nginx = find_tool("nginx") is not None
         self.url = f"http://127.0.0.1:{self.port}"  # what a client calls
         self.replica_url = f"http://127.0.0.1:{self.port + 1}" if self.nginx else self.url  # gunicorn itself

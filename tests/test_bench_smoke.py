@@ -30,10 +30,14 @@ def test_soak_accounts_for_every_request(static_server, tmp_path):
     # routes alone; its verdict may be either (a busy shared machine can make /health slow), but
     # every request it sent must be accounted for, and a FAIL must say why
     cmd = [sys.executable, "-m", "bench", "--url", static_server.url, "--only", "soak", "--soak-seconds", "6"]
-    cmd += ["--max-tokens", "4", "--out", str(tmp_path)]
+    cmd += ["--probe-url", static_server.probe_url, "--max-tokens", "4", "--out", str(tmp_path)]
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     result = json.loads((tmp_path / "latest.json").read_text())
     assert "soak" in result, run.stdout[-3000:] + run.stderr[-3000:]  # the phase ran to its verdict
+    # the probe server's answers are the ones ruled; the worker's are shown beside them
+    rows = {row["what"]: row["detail"] for row in result["soak"]}
+    assert "shown, not ruled" not in rows["probe server /health max latency (ms)"]
+    assert "shown, not ruled" in rows["worker /health max latency (ms)"]
     assert "### Soak" in run.stdout and "vllm skipped: disabled" in run.stdout
     counts = result["soak_counts"]
     assert counts["sent"] > 0 and sum(counts["outcomes"].values()) == counts["sent"], counts

@@ -60,7 +60,7 @@ class Cluster:
     """`make cluster` in its own session; stopped with SIGTERM (as a user would), killed if stuck."""
 
     def __init__(self, run_dir: Path):
-        self.port = free_port_run(REPLICAS + 1)
+        self.port = free_port_run(2 * REPLICAS + 1)  # nginx, the replicas, their probe servers
         self.url = f"http://127.0.0.1:{self.port}"
         self.replica_urls = [f"http://127.0.0.1:{self.port + i}" for i in range(1, REPLICAS + 1)]
         self.run_dir = run_dir

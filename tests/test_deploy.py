@@ -63,7 +63,9 @@ def test_a_restarting_replica_is_marked_down_and_the_settings_are_kept_for_the_r
     cluster.render(again, down=2)
     text = (rendered.run_dir / "nginx.conf").read_text()
     assert "server 127.0.0.1:9102 max_fails=3 fail_timeout=5s down;" in text
-    assert text.count(" down;") == 1
+    # its probe server too (the ports after the replicas': 9104-9106), out of the probes' upstream
+    assert "server 127.0.0.1:9105 max_fails=3 fail_timeout=5s down;" in text
+    assert text.count(" down;") == 2
 
 
 def test_each_replica_binds_is_reached_and_runs_where_its_settings_place_it(rendered):
@@ -144,7 +146,9 @@ def test_serve_is_one_replica_on_loopback_behind_nginx_with_its_log_on_the_termi
     cluster.serve(cluster.Settings.from_env())
     assert execs and execs[0][0].endswith("supervisord")  # the cluster's launcher, one replica
     nginx, supervisord = (tmp_path / "nginx.conf").read_text(), (tmp_path / "supervisord.conf").read_text()
-    assert "listen 0.0.0.0:9200;" in nginx and "server 127.0.0.1:9201 max_fails=" in nginx and ":9202" not in nginx
+    assert "listen 0.0.0.0:9200;" in nginx and "server 127.0.0.1:9201 max_fails=" in nginx and ":9203" not in nginx
+    probes = nginx[nginx.index("upstream probes") :]  # one replica's probe server, on the port after it
+    assert "server 127.0.0.1:9202 max_fails=" in probes[: probes.index("}")] and 'PROBE_PORT="9202"' in supervisord
     assert "client_header_timeout 30s;" in nginx and "client_body_timeout 30s;" in nginx
     assert 'HOST="127.0.0.1"' in supervisord and "stdout_logfile=/dev/stdout" in supervisord
     assert cluster.Settings.load(tmp_path).replica_host == "127.0.0.1"  # a rolling restart renders the same

@@ -124,6 +124,24 @@ def probes(container: dict) -> dict[str, dict]:
     return {name: container[name] for name in ("startupProbe", "readinessProbe", "livenessProbe")}
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_probes_and_the_scrape_go_to_the_probe_server(overlay):
+    """deploy/probe.py answers on PROBE_PORT, never behind the worker's GIL: every probe and the
+    Prometheus scrape name that port, and the container declares it."""
+    docs = rendered(overlay)
+    container = server_container(docs)
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["probe"] == int(env["PROBE_PORT"]) != ports["http"] == int(env["PORT"])
+    for name, probe in probes(container).items():
+        if "httpGet" in probe:
+            assert probe["httpGet"]["port"] == "probe", (overlay, name)
+        else:  # the exec startup probe asks the probe port on loopback
+            assert f"127.0.0.1:{env['PROBE_PORT']}/health" in probe["exec"]["command"][-1], (overlay, name)
+    annotations = one(docs, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    assert int(annotations["prometheus.io/port"]) == ports["probe"]
+
+
 def test_http_probe_paths_answer_200_on_a_ready_app(client):
     """The session's app has its static engine ready: readiness and liveness both answer 200."""
     for overlay in OVERLAYS:
@@ -151,9 +169,11 @@ def served_app(vllm_app):
 
 
 def run_probe(command: list[str], address: str) -> int:
-    """The exec probe's command, with this venv's python and the test server's address."""
-    script = command[-1].replace("127.0.0.1:8000", address)
-    assert script != command[-1], "the probe names 127.0.0.1:8000, the container's own port"
+    """The exec probe's command, with this venv's python and the test server's address (the probe
+    port answers the worker's /health body: tests/test_probe.py)."""
+    env = {e["name"]: e.get("value") for e in server_container(rendered("cpu"))["env"]}
+    script = command[-1].replace(f"127.0.0.1:{env['PROBE_PORT']}", address)
+    assert script != command[-1], "the probe names the container's own probe port"
     return subprocess.run([sys.executable, *command[1:-1], script], capture_output=True, timeout=60).returncode
 
 

@@ -215,12 +215,15 @@ def test_a_flood_past_threads_is_refused_at_once_while_the_probes_answer(tmp_pat
             senders = [pool.submit(sender, k) for k in range(CLIENTS)]
             assert all_sent.wait(120), "the senders did not start"
             window = time.monotonic()
+            # the worker's own probes, and the probe server's (deploy/probe.py), which answers
+            # what the worker last published from a process of its own
+            targets = [f"{base}{p}" for base in (url, srv.probe_url) for p in ("/health", "/metrics")]
             for i in range(PROBES):
-                path = ("/health", "/metrics")[i % 2]
+                path = targets[i % len(targets)]
                 started = time.monotonic()
                 try:
-                    r = requests.get(f"{url}{path}", timeout=PROBE_TIMEOUT_S)
-                    inflight = r.json()["engines"]["static"]["inflight"] if path == "/health" else None
+                    r = requests.get(path, timeout=PROBE_TIMEOUT_S)
+                    inflight = r.json()["engines"]["static"]["inflight"] if path.endswith("/health") else None
                     probes.append((path, time.monotonic() - started, r.status_code, inflight))
                 except requests.RequestException as e:
                     probes.append((path, time.monotonic() - started, type(e).__name__, None))
@@ -238,8 +241,12 @@ def test_a_flood_past_threads_is_refused_at_once_while_the_probes_answer(tmp_pat
             f" max {seconds[-1] * 1000:.0f} ms, static inflight seen {[p[3] for p in probes if p[3] is not None]}"
         )
         print("probes (path, seconds, status, inflight):", [(p, round(t, 3), st, n) for p, t, st, n in probes])
-        # every probe answered while the flood was past THREADS (a 503 would be a documented one)
+        # every probe answered while the flood was past THREADS (a 503 would be a documented one);
+        # the probe server's said what the worker is: ready, and busy (it saw work in flight)
         assert all(status in (200, 503) for _, _, status, _ in probes), probes
+        from_probe_server = [(p, st, n) for p, _, st, n in probes if p.startswith(srv.probe_url)]
+        assert from_probe_server and all(st == 200 for _, st, _ in from_probe_server), from_probe_server
+        assert any(n for p, _, n in from_probe_server if p.endswith("/health")), from_probe_server
         # and the cap was full meanwhile: refusals came back inside the probes' window
         assert any(window <= at <= window_end and status == 429 for at, status, _, _ in answers), (window, answers)
         # every flood request answered: 200, or 429 with a reason and Retry-After; none lost

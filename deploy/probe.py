@@ -1,0 +1,140 @@
+"""The probe server: GET /health, /livez and /metrics on PROBE_PORT, answered by a small process of
+its own from what the gunicorn worker last published (service/beacon.py writes it into a folder).
+
+Why a process: the worker's own routes share one GIL with the engine threads, vLLM's scheduler
+and every stream's writer. On 2 cores with CPU hogs beside it, a flood made the worker's /health
+take 5.3 s (docs/performance.md#soak), and a liveness probe that waits that long restarts a busy,
+healthy pod. Here a probe reads one small file and answers; the worker's GIL is never waited for.
+What it cannot know, it says: no state yet is "starting", a state older than STALE_S is
+"unresponsive" (the worker stopped publishing: stuck, or gone), and /livez fails past LIVE_STALE_S.
+
+gunicorn's master starts it (gunicorn.conf.py: it binds the socket, so a port in use stops the
+start with gunicorn's own error) and stops it; it also leaves by itself when the master is gone.
+Standard library only: it starts in a blink and loads no torch.
+
+    python -m deploy.probe --fd N --dir FOLDER --parent PID   (N: a listening socket it inherits)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+HEALTH, METRICS = "health.json", "metrics.txt"  # the files service/beacon.py writes
+# The worker writes its state 4 times a second (service/beacon.py). Older than this, /health says
+# "unresponsive" (503): a balancer stops sending work to a worker that cannot even write a file.
+STALE_S = 10.0
+# Older than this, /livez fails: a worker silent for a minute is stuck (a fresh one publishes
+# within seconds of its fork: service/beacon.py starts before the app loads).
+LIVE_STALE_S = 60.0
+METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # Prometheus' text format
+
+
+def health(folder: Path, now: float) -> tuple[int, dict]:
+    """The status code and body of /health from the last published state, with its age."""
+    try:
+        published = json.loads((folder / HEALTH).read_bytes())
+    except FileNotFoundError:
+        return 503, {"status": "starting", "error": "the worker has not published its state yet"}
+    except (OSError, ValueError) as exc:  # never half a file (an atomic rename), but say so if it is
+        return 503, {"status": "unresponsive", "error": f"unreadable state: {exc}"}
+    age = now - published["at"]
+    body = {**published["body"], "published_s_ago": round(age, 2)}
+    if age > STALE_S:
+        why = f"the worker (pid {published.get('pid')}) has published nothing for {age:.0f} s"
+        return 503, {"status": "unresponsive", "error": why, "last": body}
+    return published["code"], body
+
+
+def livez(folder: Path, now: float) -> tuple[int, str]:
+    """200 unless the worker's last state is older than LIVE_STALE_S. No state at all is a start
+    (the orchestrator's startup probe judges that), not a stuck worker."""
+    try:
+        age = now - json.loads((folder / HEALTH).read_bytes())["at"]
+    except FileNotFoundError:
+        return 200, "starting\n"
+    except (OSError, ValueError, KeyError) as exc:
+        return 503, f"unreadable state: {exc}\n"
+    if age > LIVE_STALE_S:
+        return 503, f"the worker has published nothing for {age:.0f} s\n"
+    return 200, "ok\n"
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as a kubelet or Prometheus may use
+    folder: Path  # set on the class by `serve`
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        path, now = self.path.split("?", 1)[0], time.time()
+        if path == "/health":
+            code, body = health(self.folder, now)
+            self._send(code, "application/json", json.dumps(body).encode())
+        elif path == "/livez":
+            code, text = livez(self.folder, now)
+            self._send(code, "text/plain; charset=utf-8", text.encode())
+        elif path == "/metrics":
+            try:
+                self._send(200, METRICS_TYPE, (self.folder / METRICS).read_bytes())
+            except FileNotFoundError:
+                self._send(503, "text/plain; charset=utf-8", b"no metrics published yet\n")
+        else:
+            error = {"error": f"the probe port serves /health, /livez and /metrics, not {path}", "type": "not_found"}
+            self._send(404, "application/json", json.dumps(error).encode())
+
+    def _send(self, code: int, content_type: str, payload: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(payload)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        self._write(payload)
+
+    def _write(self, payload: bytes) -> None:
+        try:
+            self.wfile.write(payload)
+        except (BrokenPipeError, ConnectionResetError):  # the prober gave up: nothing to tell it
+            pass
+
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 (http.server's name)
+        """Silent: a probe a second would drown the service's log. Errors still reach stderr."""
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True  # a prober that hangs up mid-answer holds nothing at exit
+    request_queue_size = 128
+
+
+def serve(sock: socket.socket, folder: Path, parent: int) -> None:
+    """Answer on `sock` (already listening) until the process `parent` is no longer our parent
+    (it is named, not read at our start: it may be gone by then)."""
+    handler = type("Handler", (Handler,), {"folder": folder})
+    server = Server(sock.getsockname()[:2], handler, bind_and_activate=False)
+    server.socket.close()
+    server.socket = sock
+
+    def orphaned() -> None:  # the master died without stopping us (a SIGKILL): leave too
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        server.shutdown()
+
+    threading.Thread(target=orphaned, name="parent-watch", daemon=True).start()
+    server.serve_forever(poll_interval=0.5)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--fd", type=int, required=True, help="a listening TCP socket, inherited")
+    parser.add_argument("--dir", type=Path, required=True, help="where service/beacon.py writes")
+    parser.add_argument("--parent", type=int, required=True, help="the pid to leave with (gunicorn's master)")
+    args = parser.parse_args()
+    serve(socket.socket(fileno=args.fd), args.dir, args.parent)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""The worker's side of the probe port: one thread that writes the /health reply and the metrics
+into a folder, for the probe server (deploy/probe.py, a process of its own) to answer from.
+
+It writes /health's reply every HEALTH_EVERY_S and at once when told (`kick`: a drain began, an
+engine died), the metrics every METRICS_EVERY_S; each file whole, by a rename. It starts at the
+worker's fork, before the app loads, and says "starting" until `attach` hands it the app's
+replies. The reply is the worker's own /health (service/ops.py `health_reply`): one body, two
+servers of it. A failure to write is logged and tried again; were the thread stuck, the probe
+server would see the state age and say so."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from deploy.probe import HEALTH, METRICS
+
+log = logging.getLogger(__name__)
+
+HEALTH_EVERY_S = 0.25  # a readiness probe sees a drain or a failure at most this late (or at once: kick)
+METRICS_EVERY_S = 1.0  # a scrape is at most this stale; Prometheus scrapes every 15 s or so
+
+
+def write_whole(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so that a reader sees the old file or the new one, never half."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.write_bytes(data)
+    os.replace(partial, path)
+
+
+def _starting() -> tuple[dict, int]:
+    return {"status": "starting", "engines": {}, "error": "the worker is loading the app"}, 503
+
+
+class Beacon:
+    def __init__(self, folder: Path, *, clock: Callable[[], float] = time.time):
+        self.folder, self._clock = Path(folder), clock
+        self._health: Callable[[], tuple[dict, int]] = _starting
+        self._metrics: Callable[[], bytes] | None = None
+        self._metrics_at = float("-inf")
+        self._kicked, self._stopped = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._run, name="probe-beacon", daemon=True)
+
+    def start(self) -> Beacon:
+        self._thread.start()
+        return self
+
+    def attach(self, health: Callable[[], tuple[dict, int]], metrics: Callable[[], bytes]) -> None:
+        """From now on publish the app's replies (its /health body and code, its metrics text)."""
+        self._health, self._metrics = health, metrics
+        self.kick()
+
+    def kick(self) -> None:
+        """Publish now, not at the next tick (safe in a signal handler: it sets an event)."""
+        self._kicked.set()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._kicked.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
+
+    def publish(self) -> None:
+        """Write /health's reply, and the metrics if they are due."""
+        body, code = self._health()
+        now = self._clock()
+        state = {"at": now, "pid": os.getpid(), "code": code, "body": body}
+        write_whole(self.folder / HEALTH, json.dumps(state).encode())
+        if self._metrics is not None and now - self._metrics_at >= METRICS_EVERY_S:
+            write_whole(self.folder / METRICS, self._metrics())
+            self._metrics_at = now
+
+    def _run(self) -> None:
+        failing = False
+        while not self._stopped.is_set():
+            try:
+                self.publish()
+                failing = False
+            except Exception:  # noqa: BLE001 (logged once per spell; the probe server sees the age)
+                if not failing:
+                    log.exception("probe beacon: could not publish to %s; trying again", self.folder)
+                failing = True
+            self._kicked.wait(HEALTH_EVERY_S)
+            self._kicked.clear()
