@@ -248,3 +248,45 @@ def test_one_process_per_engine_serves_all_its_candidates(monkeypatch):
     assert [child.engine for child in FakeChild.made] == ["static", "vllm"]  # never a second one
     children.close()
     assert [child.closed for child in FakeChild.made] == ["closed", "closed"]
+
+
+def test_a_model_without_a_chat_template_is_measured_through_plain_completions():
+    with_template = SimpleNamespace(
+        chat_template="{{ messages[0]['content'] }}!",
+        apply_chat_template=lambda turn, **kw: turn[0]["content"] + "!",
+    )
+    texts, form = fidelity.prompt_texts(with_template)
+    assert form == "chat" and texts[fidelity.PARIS_INDEX] == fidelity.PARIS_PROMPT + "!"
+    texts, form = fidelity.prompt_texts(SimpleNamespace(chat_template=None))
+    assert form == "completion" and "no chat template" in fidelity.FORMS[form]
+    assert texts[fidelity.PARIS_INDEX] == f"Question: {fidelity.PARIS_PROMPT}\nAnswer:"
+
+
+def test_france_is_a_bar_only_where_the_reference_says_paris():
+    assert fidelity.france_right("Paris.", "Paris.") and not fidelity.france_right("Lyon.", "Paris.")
+    assert not fidelity.france_right("Lyon.")  # no reference text: Paris is wanted
+    # a reference that does not know Paris (random weights, a small base model): no bar
+    assert fidelity.france_right("Lyon.", "the the the")
+    assert fidelity.compare(REFERENCE, REFERENCE[:4], "xyz", reference_paris="abc")["france"]
+
+
+def test_a_reference_without_paris_leaves_agreement_alone_to_judge(clock):
+    """Nobody says Paris: a candidate that agrees with the reference is faithful, one that does
+    not is stopped by its agreeing prefix, not by France."""
+    fake = engine(clock, 0.1)
+    fake.decode = lambda ids: "Lyon"
+    done, _ = run(spec(cap_s=600), fake)
+    assert done["status"] == "measured", done
+    fake = engine(clock, 0.1, wrong=set(range(10)))
+    fake.decode = lambda ids: "Lyon"
+    done, _ = run(spec(cap_s=600), fake)
+    assert done["status"].startswith("not faithful: agreeing prefix"), done
+
+
+def test_without_a_paris_in_the_reference_the_reason_says_france_was_not_judged():
+    faithful = {
+        "engine": "static", "dtype": "float32", "eager": True, "status": "measured", "exact": 20, "of": 20,
+        "prefix": 1.0, "france": True, "france_bar": False, "speed": {"1": 0.1, "4": 0.2},
+    }  # fmt: skip
+    assert "France n/a (the reference does not say Paris)" in choose.describe(faithful)
+    assert "France right" in choose.describe({**faithful, "france_bar": True})

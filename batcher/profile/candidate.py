@@ -45,7 +45,10 @@ def _fidelity(spec: dict, engine, emit, started: float) -> tuple[str | None, flo
         completions += engine.generate(texts[i : i + chunk], spec["max_tokens"], ignore_eos=False, size=chunk)
         step_s = max(step_s, (time.monotonic() - begun) / spec["max_tokens"])
         paris = engine.decode(completions[fidelity.PARIS_INDEX])
-        compared = fidelity.compare(reference or completions, completions, paris)  # the reference: itself
+        said = reference if reference and len(reference) > fidelity.PARIS_INDEX else completions
+        reference_paris = engine.decode(said[fidelity.PARIS_INDEX])
+        # the reference (None): itself
+        compared = fidelity.compare(reference or completions, completions, paris, reference_paris)
         emit({"event": "fidelity", **compared, "completions": completions})  # so far: a killed row keeps it
         if reference is not None and not spec.get("speed_always"):
             why = fidelity.out_of_reach(reference, completions, compared["france"])

@@ -47,11 +47,16 @@ def label(row: dict) -> str:
     return f"{row['engine']} {row['dtype']} {'eager' if row['eager'] else 'compiled'}"
 
 
+def _france(row: dict) -> str:
+    """France right (faithful rows only get here), or no bar to judge by (fidelity.france_right)."""
+    return "France right" if row.get("france_bar", True) else "France n/a (the reference does not say Paris)"
+
+
 def describe(row: dict) -> str:
     speed = "/".join(f"{row['speed'][n]:.2f}" for n in WEIGHTS if n in row.get("speed", {}))
     sizes = "/".join(n for n in WEIGHTS if n in row.get("speed", {}))
     return (
-        f"{label(row)}: {row['exact']}/{row['of']} exact, prefix {row['prefix']:.2f}, France right, "
+        f"{label(row)}: {row['exact']}/{row['of']} exact, prefix {row['prefix']:.2f}, {_france(row)}, "
         f"{sizes} prompts {speed} s, start {row.get('start_s', 0):.0f} s"
     )
 

@@ -129,7 +129,7 @@ def row_for(candidate: tuple[str, str, bool], result: dict, sizes) -> dict:
     row = {"engine": engine, "dtype": dtype, "eager": eager, "status": result["status"]}
     if "start_s" in result:
         row.update(start_s=round(result["start_s"], 1), compile_s=result.get("compile_s"))
-    row.update({k: result[k] for k in ("exact", "of", "prefix", "france", "france_text") if k in result})
+    row.update({k: result[k] for k in ("exact", "of", "prefix", "france", "france_bar", "france_text") if k in result})
     runs = result.get("runs") or []
     row["speed"] = {str(n): round(statistics.median(r), 3) for n, r in zip(sizes, runs, strict=False)}
     return {**row, "seconds": result.get("seconds", 0)}
@@ -149,7 +149,9 @@ def measure(model_path: str, log_path: Path, budget_s: float = BUDGET_S, only=No
             children.spawn(engines)
             from transformers import AutoTokenizer  # while the children import theirs
 
-            texts, rows, reference = fidelity.chat_texts(AutoTokenizer.from_pretrained(model_path)), [], None
+            texts, form = fidelity.prompt_texts(AutoTokenizer.from_pretrained(model_path))
+            rows, reference = [], None
+            print(f"  fidelity prompts: {fidelity.FORMS[form]}", flush=True)
             children.ready(engines, deadline)
             while todo:
                 candidate = next_candidate(todo, rows)
@@ -179,6 +181,7 @@ def measure(model_path: str, log_path: Path, budget_s: float = BUDGET_S, only=No
         "cap_s": round(CAP_SHARE * budget_s),
         "wall_s": round(time.monotonic() - started),
         "reference": "measured" if first.get("status") == "measured" else first.get("status"),
+        "prompts": form,  # fidelity.FORMS: through the chat template, or as plain completions
         "notes": quantized_notes(key["cpu"].get("flags", [])),
         "rows": rows,
     }

@@ -3,7 +3,7 @@ and the bench."""
 
 from __future__ import annotations
 
-from batcher.profile import choose
+from batcher.profile import choose, fidelity
 
 
 def cells(row: dict) -> dict:
@@ -11,6 +11,8 @@ def cells(row: dict) -> dict:
     measured = "prefix" in row  # its fidelity, whole or up to where it stopped ("of" says how far)
     speed = row.get("speed", {})
     france = "yes" if row.get("france") else f"no: {row.get('france_text', '')}"
+    if not row.get("france_bar", True):
+        france = "n/a: the reference does not say Paris"
     return {
         "engine": row["engine"],
         "dtype": row["dtype"],
@@ -42,6 +44,7 @@ def lines(profile: dict | None) -> list[str]:
         cap = f", each candidate's cap {profile['cap_s']} s" if "cap_s" in profile else ""
         out = [f"measured {profile['measured_at']} in {profile['wall_s']} s (budget {profile['budget_s']:.0f} s{cap})"]
         out += markdown([cells(row) for row in profile["rows"]])
+        out += [f"- fidelity prompts: {fidelity.FORMS[profile['prompts']]}"] if "prompts" in profile else []
         out += [f"- {note}" for note in profile.get("notes", [])]
     for engine in ("static", "vllm"):
         dtype, eager, reason = choose.resolve(profile, engine, "auto", None)
