@@ -14,6 +14,7 @@ import threading
 
 from flask import Flask, Response, g, request
 
+from service.auth import require_api_key
 from service.errors import TooBusy
 
 # the routes that run prompts outside GENERATE_BLUEPRINTS: the race page's feed (a stream)
@@ -78,6 +79,10 @@ def register(app: Flask, limit: int, blueprints: set[str]) -> InflightGate:
     def _enter() -> None:
         if not _runs_prompts(blueprints):
             return
+        # Every gated route wants the key (its blueprint's hook, or the race feed's view, asks
+        # again, after this app-wide hook). Asked first here: a request the key refuses gets its
+        # 401 even while the cap is full, never a 429 that no retry could turn into a 200.
+        require_api_key()
         slot = gate.try_enter()
         if slot is None:
             raise TooBusy(

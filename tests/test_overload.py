@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from service import GENERATE_BLUEPRINTS
+from service import GENERATE_BLUEPRINTS, create_app
 from service.config import Config
 from service.inflight import OTHER_ENDPOINTS
 from tests.conftest import serving
@@ -100,6 +100,24 @@ def test_past_the_cap_every_prompt_route_is_refused_at_once_and_the_probes_answe
         for h in held:
             h.close()
     assert gated.extensions["inflight"].held == 0
+
+
+def test_a_wrong_or_missing_key_is_a_401_even_while_the_cap_is_full():
+    """No retry makes a request without the key succeed, so it is never told to retry (429)."""
+    app = create_app(Config(vllm_enabled=False, api_key="the-key", max_inflight_requests=1, threads=4), start=False)
+    client, held = app.test_client(), app.extensions["inflight"].try_enter()  # the cap, full
+    try:
+        for path, openai in prompt_routes(app):
+            for headers in ({}, {"Authorization": "Bearer not-the-key"}):
+                r = client.post(path, json={}, headers=headers)
+                assert r.status_code == 401, (path, headers, r.status_code, r.get_data(as_text=True))
+                assert "Retry-After" not in r.headers
+            r = client.post(path, json={}, headers={"Authorization": "Bearer the-key"})
+            assert r.status_code == 429 and r.headers["Retry-After"], (path, r.get_data(as_text=True))
+            error = r.json["error"]
+            assert (error["code"] if openai else r.json["type"]) == "too_busy", (path, r.json)
+    finally:
+        held.release()
 
 
 @pytest.mark.parametrize(
