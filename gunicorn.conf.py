@@ -6,9 +6,7 @@ gunicorn -c gunicorn.conf.py wsgi:app
 import os
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import tempfile
 
 from deploy.cluster import DEFAULT_HOST, warn_if_open
@@ -77,27 +75,15 @@ def when_ready(server):
         if isinstance(address, tuple):
             warn_if_open(server.log, "gunicorn", address[0], address[1], bool(SERVICE.api_keys))
     if SERVICE.probe_port:
-        family = socket.AF_INET6 if ":" in HOST else socket.AF_INET
+        from deploy.probe import spawn
+
+        folder = tempfile.mkdtemp(prefix="batcher-probe-")
         try:
-            sock = socket.create_server((HOST, SERVICE.probe_port), family=family, backlog=128)
+            process = spawn(HOST, SERVICE.probe_port, folder)
         except OSError as exc:
             server.log.error("PROBE_PORT %d: %s; not starting", SERVICE.probe_port, exc)
             raise SystemExit(1) from None
-        folder = tempfile.mkdtemp(prefix="batcher-probe-")
         os.environ["PROBE_DIR"] = folder  # the worker's copy of the environment names it
-        command = [
-            sys.executable,
-            "-m",
-            "deploy.probe",
-            "--fd",
-            str(sock.fileno()),
-            "--dir",
-            folder,
-            "--parent",
-            str(os.getpid()),
-        ]
-        process = subprocess.Popen(command, pass_fds=[sock.fileno()])
-        sock.close()  # the probe server has it; forked workers must not hold it open
         PROBE.update(process=process, dir=folder)
         server.log.info(
             "probe server (pid %d) on %s:%d: /health, /livez, /metrics", process.pid, HOST, SERVICE.probe_port

@@ -21,6 +21,8 @@ import argparse
 import json
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -130,6 +132,17 @@ def serve(sock: socket.socket, folder: Path, parent: int) -> None:
 
     threading.Thread(target=orphaned, name="parent-watch", daemon=True).start()
     server.serve_forever(poll_interval=0.5)
+
+
+def spawn(host: str, port: int, folder: str | os.PathLike, **popen) -> subprocess.Popen:
+    """Bind host:port here (OSError if it is taken: the caller says so and stops), then start
+    the probe server on it as our child, answering from `folder`, until we are gone. The socket
+    is closed here once the child has it: a process forked from us later must not hold it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.create_server((host, port), family=family, backlog=128) as sock:
+        fd = str(sock.fileno())
+        command = [sys.executable, "-m", "deploy.probe", "--fd", fd, "--dir", str(folder), "--parent", str(os.getpid())]
+        return subprocess.Popen(command, pass_fds=[sock.fileno()], **popen)
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ import psutil
 import pytest
 import requests
 
-from deploy.probe import HEALTH, LIVE_STALE_S, STALE_S
+from deploy.probe import HEALTH, LIVE_STALE_S, STALE_S, spawn
 from deploy.server import ROOT, free_port_run
 from service.beacon import Beacon
 
@@ -25,20 +25,7 @@ OK_BODY = {"status": "ok", "engines": {"static": {"status": "ready"}}}
 def probe(tmp_path):
     """(url, folder): a probe server answering from `folder`, as gunicorn's master starts one."""
     port = free_port_run()
-    sock = socket.create_server(("127.0.0.1", port))
-    command = [
-        sys.executable,
-        "-m",
-        "deploy.probe",
-        "--fd",
-        str(sock.fileno()),
-        "--dir",
-        str(tmp_path),
-        "--parent",
-        str(os.getpid()),
-    ]
-    proc = subprocess.Popen(command, cwd=ROOT, pass_fds=[sock.fileno()])
-    sock.close()  # it listens already: a request now waits in the backlog until the server runs
+    proc = spawn("127.0.0.1", port, tmp_path, cwd=ROOT)  # it listens already: requests wait in the backlog
     try:
         yield f"http://127.0.0.1:{port}", tmp_path
     finally:
@@ -145,30 +132,22 @@ def test_the_probe_server_leaves_when_its_parent_is_gone(tmp_path):
 
 
 _PARENT = """
-import os, socket, subprocess, sys
-sock = socket.create_server(("127.0.0.1", int(sys.argv[1])))
-cmd = [sys.executable, "-m", "deploy.probe", "--fd", str(sock.fileno()), "--dir", sys.argv[2]]
-cmd += ["--parent", str(os.getpid())]
+import subprocess, sys
+from deploy.probe import spawn
 devnull = subprocess.DEVNULL  # not our stdout: the test reads it to its end
-print(subprocess.Popen(cmd, pass_fds=[sock.fileno()], stdout=devnull, stderr=devnull).pid)
+print(spawn("127.0.0.1", int(sys.argv[1]), sys.argv[2], stdout=devnull, stderr=devnull).pid)
 """
 
 
-def test_gunicorn_does_not_start_when_the_probe_port_is_taken(tmp_path):
+def test_gunicorn_does_not_start_when_the_probe_port_is_taken():
     """The master binds the probe port itself: taken, the start stops there with the reason (no
     worker loads a model behind a probe port that would never answer)."""
     port = free_port_run(2)
     with socket.create_server(("127.0.0.1", port + 1)):  # someone else's
         env = {**os.environ, "HOST": "127.0.0.1", "PORT": str(port), "PROBE_PORT": str(port + 1)}
         gunicorn = str(Path(sys.executable).with_name("gunicorn"))
-        run = subprocess.run(
-            [gunicorn, "-c", "gunicorn.conf.py", "wsgi:app"],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        command = [gunicorn, "-c", "gunicorn.conf.py", "wsgi:app"]
+        run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 1, run.stderr[-2000:]
     assert f"PROBE_PORT {port + 1}: " in run.stderr and "Address already in use" in run.stderr
     assert "Booting worker" not in run.stderr
