@@ -1,4 +1,4 @@
-# make setup | make serve | make test | make bench | make cluster | make rolling-restart
+# make setup | make serve | make test | make check | make bench | make cluster | make rolling-restart
 # ACCEL picks the torch/vLLM build: gpu where nvidia-smi sees a GPU, else cpu. Override: make setup ACCEL=cpu
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -20,7 +20,7 @@ REPLICAS ?= 2
 CLUSTER_DIR ?= .cache/cluster/$(PORT)
 SERVE_DIR ?= .cache/serve/$(PORT)
 
-.PHONY: setup serve test bench lint model profile cluster rolling-restart browser
+.PHONY: setup serve test check bench lint model profile cluster rolling-restart browser
 
 setup: $(STAMP) model profile browser
 
@@ -105,6 +105,14 @@ rolling-restart:
 TEST_WORKERS ?= auto
 test: setup
 	$(PY) -m pytest -q --durations=25 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder) tests
+
+# The fast tier: lint, then the test modules that load no model and start no server (each says
+# so: `pytestmark = pytest.mark.unit`), named here so that pytest imports nothing else.
+UNIT_TESTS = $(shell grep -l '^pytestmark = pytest.mark.unit' tests/test_*.py)
+check: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(PY) -m pytest -q -p no:randomly $(UNIT_TESTS)
 
 bench: setup
 	LD_PRELOAD=$(PRELOAD) $(PY) -m bench $(BENCH_ARGS)

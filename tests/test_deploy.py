@@ -17,6 +17,8 @@ import pytest
 from deploy import cluster
 from service.config import Config
 
+pytestmark = pytest.mark.unit  # no model, no server: `make check` runs it
+
 NGINX = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin")
 
 

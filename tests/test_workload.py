@@ -10,6 +10,8 @@ from batcher.sequence import Sequence, Status
 from batcher.workload import Workload
 from tests.conftest import wait_until
 
+pytestmark = pytest.mark.unit  # no model, no server: `make check` runs it
+
 
 def seqs(*prompts):
     return [Sequence(p) for p in prompts]
