@@ -40,6 +40,7 @@ LIVE_STALE_S = 60.0
 # its turn on a core (on 2 cores with 2 CPU hogs, a probe of a file took over 1 s at niceness 0).
 # Elsewhere (a container's unprivileged user) it stays at its parent's.
 NICE = -10
+IDLE_S = 5.0  # a kubelet's probe or a scrape sends its request at once
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # Prometheus' text format
 
 
@@ -75,6 +76,10 @@ def livez(folder: Path, now: float) -> tuple[int, str]:
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as a kubelet or Prometheus may use
+    # A connection's socket timeout: one that sends nothing for this long (an idle keep-alive, a
+    # request sent by halves) is closed, so its thread ends. Threads are one per open connection:
+    # this bounds them by the rate of connections, not by how long clients keep them.
+    timeout = IDLE_S
     folder: Path  # set on the class by `serve`
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)

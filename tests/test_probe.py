@@ -53,6 +53,15 @@ def test_before_the_worker_publishes_it_says_starting_and_is_live(probe):
     assert r.status_code == 404 and "/health, /livez and /metrics" in r.json()["error"]
 
 
+def test_a_connection_that_sends_nothing_is_closed_and_frees_its_thread(probe):
+    """Threads are one per open connection: an idle one must not hold its thread for good."""
+    url, _ = probe
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as idle:
+        assert idle.recv(1) == b""  # the server closed it (a timeout here raises instead)
+    assert requests.get(f"{url}/livez", timeout=10).status_code == 200  # and it still serves
+
+
 def test_it_answers_what_the_worker_published_with_its_age(probe):
     url, folder = probe
     published(folder, body=OK_BODY, code=200, metrics=b"# TYPE up gauge\nup 1.0\n")
