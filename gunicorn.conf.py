@@ -24,7 +24,7 @@ worker_class = "gthread"
 # Each waiting request holds a thread (a stream holds one for its whole life): size this for the
 # concurrency you promise. 128 (THREADS, service/config.py) covers the benchmark's 64 concurrent
 # requests with room to spare; generate requests take at most MAX_INFLIGHT_REQUESTS of them (429
-# past it), so that the rest always answer /health and /metrics (service/inflight.py).
+# past it), so that the rest always answer /health and /metrics (service/http/inflight.py).
 threads = SERVICE.threads
 # Open connections gthread holds (kept-alive ones included, at most this less THREADS); past it,
 # it accepts none until one closes, and a probe waits in the listen backlog. A generate request
@@ -70,7 +70,7 @@ def when_ready(server):
     beyond loopback and no API_KEY). Before the worker loads anything: it is seen at once. With
     PROBE_PORT, start the probe server: the master binds its socket (a port in use stops the
     start here, with the error) and hands it over; the worker, forked after this, writes into
-    its folder (service/beacon.py)."""
+    its folder (service/ops/beacon.py)."""
     for address in server.cfg.address:  # (host, port), or a unix socket's path
         if isinstance(address, tuple):
             warn_if_open(server.log, "gunicorn", address[0], address[1], bool(SERVICE.api_keys))
@@ -106,7 +106,7 @@ def post_fork(server, worker):
     """In the worker, before it loads the app: with a probe server, start publishing to it
     ("starting" until post_worker_init attaches the app)."""
     if os.environ.get("PROBE_DIR"):
-        from service.beacon import Beacon
+        from service.ops.beacon import Beacon
 
         worker.beacon = Beacon(os.environ["PROBE_DIR"]).start()
 
@@ -137,7 +137,7 @@ def post_worker_init(worker):
 
     beacon = getattr(worker, "beacon", None)
     if beacon is not None:  # the probe port answers what the worker's /health would
-        from service.ops import health_reply, metrics_text
+        from service.ops.routes import health_reply, metrics_text
 
         config, engines, registry = app.config["SERVICE"], app.extensions["engines"], app.extensions["metrics"].registry
         beacon.attach(lambda: health_reply(engines, config.max_new_tokens), lambda: metrics_text(registry))

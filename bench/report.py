@@ -17,7 +17,7 @@ TITLES = {
     "baselines": "Baselines (separate process, service stopped)",
     "ttft": "Time to first token (a one-prompt stream, median)",
     "structured": "Structured outputs: json_schema against none at equal work, per generated token",
-    "tool_calls": "Tool calls: a named call's grammar (service/tools.py) against none at equal work, per token",
+    "tool_calls": "Tool calls: a named call's grammar (service/tools/spec.py) against none at equal work, per token",
     "grammar_compile": "Compiling that json_schema (batcher.grammar, in the bench process)",
     "vllm_bench_serve": "vLLM's own client (vllm bench serve) on each engine's OpenAI routes",
     "wait_accuracy": "Predicted wait: |predicted - measured| / measured TTFT, 64 Poisson arrivals (one-prompt streams)",

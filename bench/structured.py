@@ -13,13 +13,13 @@ from pathlib import Path
 from batcher import grammar
 from bench import measure
 from service.config import Config
-from service.tools import Tools, reply_schema
+from service.tools.spec import Tools, reply_schema
 
 # an order schema with an enum, a nested object, a bounded array and integers; orders to fill it from
 DATA = json.loads((Path(__file__).resolve().parent / "structured.json").read_text())
 SCHEMA, ORDERS = DATA["schema"], DATA["orders"]
 CONSTRAINED = {"max_tokens": 96, "structured_outputs": {"json": SCHEMA}}
-# a tool call: the grammar service/tools.py constrains a named get_weather call to
+# a tool call: the grammar service/tools/spec.py constrains a named get_weather call to
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}}}
 CALL = {"name": "get_weather", "parameters": {**WEATHER, "required": ["city", "unit"]}}
 TOOL_SCHEMA = reply_schema(Tools({"get_weather": CALL}, "named", "get_weather"))

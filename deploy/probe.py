@@ -1,5 +1,5 @@
 """The probe server: GET /health, /livez and /metrics on PROBE_PORT, answered by a small process of
-its own from what the gunicorn worker last published (service/beacon.py writes it into a folder).
+its own from what the gunicorn worker last published (service/ops/beacon.py writes it into a folder).
 
 Why a process: the worker's own routes share one GIL with the engine threads, vLLM's scheduler
 and every stream's writer. On 2 cores with CPU hogs beside it, a flood made the worker's /health
@@ -28,12 +28,12 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-HEALTH, METRICS = "health.json", "metrics.txt"  # the files service/beacon.py writes
-# The worker writes its state 4 times a second (service/beacon.py). Older than this, /health says
+HEALTH, METRICS = "health.json", "metrics.txt"  # the files service/ops/beacon.py writes
+# The worker writes its state 4 times a second (service/ops/beacon.py). Older than this, /health says
 # "unresponsive" (503): a balancer stops sending work to a worker that cannot even write a file.
 STALE_S = 10.0
 # Older than this, /livez fails: a worker silent for a minute is stuck (a fresh one publishes
-# within seconds of its fork: service/beacon.py starts before the app loads).
+# within seconds of its fork: service/ops/beacon.py starts before the app loads).
 LIVE_STALE_S = 60.0
 # Its niceness, where the process may raise its priority (CAP_SYS_NICE, e.g. as root): it uses
 # next to no CPU, and a probe should not wait behind the engines' threads or a noisy neighbour for
@@ -153,7 +153,7 @@ def spawn(host: str, port: int, folder: str | os.PathLike, **popen) -> subproces
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fd", type=int, required=True, help="a listening TCP socket, inherited")
-    parser.add_argument("--dir", type=Path, required=True, help="where service/beacon.py writes")
+    parser.add_argument("--dir", type=Path, required=True, help="where service/ops/beacon.py writes")
     parser.add_argument("--parent", type=int, required=True, help="the pid to leave with (gunicorn's master)")
     args = parser.parse_args()
     try:

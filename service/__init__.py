@@ -12,8 +12,15 @@ from batcher.checkpoint import resolve_model
 from batcher.compile_cache import import_torch_first, use_compile_cache
 from batcher.metrics import Metrics
 from batcher.vllm.worker import VLLMWorker
-from service import admission, demo, errors, inflight, live, openai_api, openapi, ops, page, request_id, tokenization
+from service import errors
 from service.config import Config
+from service.demo import page
+from service.demo import routes as demo
+from service.http import admission, inflight, request_id
+from service.openai import routes as openai_api
+from service.openai import tokenize as tokenization
+from service.ops import live, openapi
+from service.ops import routes as ops
 
 log = logging.getLogger(__name__)
 

@@ -70,7 +70,7 @@ class Config:
     # it is served, a generate request until its reply or stream ends
     threads: int = 128
     # generate requests (every route that runs prompts) served at once; past it, 429 `too_busy` at
-    # once (service/inflight.py). 0: THREADS - PROBE_THREADS, the threads left for /health, /metrics
+    # once (service/http/inflight.py). 0: THREADS - PROBE_THREADS, the threads left for /health, /metrics
     # and the refusals themselves
     max_inflight_requests: int = 0
     # a small process of its own answers /health, /livez and /metrics on this port from what the

@@ -31,7 +31,7 @@ def truncation(body: dict) -> int | None:
     value, limit = body.get(FIELD), current_app.config["SERVICE"].max_input_tokens
     if value is None:
         return None
-    if value == 0:  # its type and the rest of its range: service/bodies/sampling.py
+    if value == 0:  # its type and the rest of its range: service/protocol/sampling.py
         raise InvalidRequest(f"'{FIELD}' must be -1 or an integer >= 1, got {value!r}", param=FIELD)
     if value > limit:  # vLLM's words
         raise InvalidRequest(

@@ -20,7 +20,7 @@ from batcher.errors import (
     ShuttingDown,
     WaitTooLong,
 )
-from service import request_id
+from service.http import request_id
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class DeadlineExceeded(ApiError):
 
 
 class TooBusy(ApiError):
-    """MAX_INFLIGHT_REQUESTS generate requests in flight already (service/inflight.py)."""
+    """MAX_INFLIGHT_REQUESTS generate requests in flight already (service/http/inflight.py)."""
 
     status, type = 429, "too_busy"
 

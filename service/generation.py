@@ -20,8 +20,9 @@ from batcher.errors import WaitTooLong
 from batcher.predict import Prediction
 from batcher.sampling import SamplingParams
 from batcher.sequence import Prompt, Sequence
-from service import admission, structured
+from service import structured
 from service.errors import DeadlineExceeded
+from service.http import admission
 
 
 class Engine(Protocol):
@@ -57,7 +58,7 @@ def submit(
     solo=False,
 ) -> list[Sequence]:
     """The request's sequences (`fan_out`), enqueued on `eng` under the request's deadline
-    (service/admission.py) and REQUEST_TIMEOUT_S; the prediction, admitted or refused, is kept for
+    (service/http/admission.py) and REQUEST_TIMEOUT_S; the prediction, admitted or refused, is kept for
     the reply's `x-predicted-wait` header.
 
     A grammar is compiled here, last: after the context-length check (the views ran it) and after

@@ -1,6 +1,6 @@
 """The sampling parameters of a request body, as the engines take them, for every route.
 
-Types and ranges are declared once, in service/bodies/sampling.py (vLLM's); an invalid value
+Types and ranges are declared once, in service/protocol/sampling.py (vLLM's); an invalid value
 raises `InvalidRequest` naming the field, before anything is enqueued. Here: the defaults
 (absent or null: the neutral one; the demo routes pass `default_temperature=0.0`, greedy unless
 asked, the OpenAI routes 1.0, OpenAI's), what crosses fields, and the translation.
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from batcher.grammar import StructuredSpec
 from batcher.sampling import SamplingParams
-from service.bodies import validate
-from service.bodies.openai import ChatLogprobs
-from service.bodies.sampling import Sampling
 from service.config import Config
 from service.errors import InvalidRequest
+from service.protocol import validate
+from service.protocol.openai import ChatLogprobs
+from service.protocol.sampling import Sampling
 from service.structured import parse_structured
 
 # the fields that go to SamplingParams as they are, when given
@@ -32,7 +32,7 @@ def parse_sampling(
 ) -> SamplingParams:
     """Every sampling field of `body`. `max_tokens_key`: the field that holds max_tokens (chat's
     `max_completion_tokens`, where it is set); `tool_grammar`: the reply's grammar that the
-    request's `tool_choice` asks for (service/tools.py). The grammar is not compiled yet
+    request's `tool_choice` asks for (service/tools/spec.py). The grammar is not compiled yet
     (service/structured.py's `compile_params`, at submit)."""
     if max_tokens_key != "max_tokens":
         body = {**body, "max_tokens": body.get(max_tokens_key)}

@@ -43,8 +43,8 @@ UNSUPPORTED_OPTIONS = ("whitespace_pattern", "disable_additional_properties")
 
 def parse_structured(body: dict, tool_grammar: StructuredSpec | None = None) -> StructuredSpec | None:
     """The request's constraint, checked but not compiled (`compile_params` compiles it), or None.
-    `tool_grammar`: the reply's grammar that `tool_choice` asks for (service/tools.py), which
-    service/tools.py's `constrain` has made sure nothing else in the body competes with."""
+    `tool_grammar`: the reply's grammar that `tool_choice` asks for (service/tools/spec.py), which
+    service/tools/spec.py's `constrain` has made sure nothing else in the body competes with."""
     spec = tool_grammar or _body_spec(body.get("response_format"), body.get("structured_outputs"))
     if spec is None:
         return None
@@ -92,7 +92,7 @@ def compile_params(params: SamplingParams, config: Config) -> SamplingParams:
 
 
 def _response_format(fmt: dict) -> StructuredSpec | None:
-    """Its shape checked by service/bodies/sampling.py's ResponseFormat."""
+    """Its shape checked by service/protocol/sampling.py's ResponseFormat."""
     if fmt["type"] == "text":
         return None
     if fmt["type"] == "json_object":
@@ -105,7 +105,7 @@ def _response_format(fmt: dict) -> StructuredSpec | None:
 
 
 def _structured_outputs(outputs: dict) -> StructuredSpec:
-    """Its fields' types checked by service/bodies/sampling.py's StructuredOutputs."""
+    """Its fields' types checked by service/protocol/sampling.py's StructuredOutputs."""
 
     def bad(why: str) -> InvalidRequest:
         return InvalidRequest(f"'structured_outputs' {why}", param="structured_outputs")

@@ -1,4 +1,4 @@
-"""The body models (service/bodies/) without a model or a server: the errors they give, in the
+"""The body models (service/protocol/) without a model or a server: the errors they give, in the
 documented shapes, and the docs' parameter tables checked against them (docs/api.md's sampling
 table, docs/openai.md's field table and Responses table), so that neither can drift."""
 
@@ -9,13 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from service import openai_fields, responses, schema
-from service.admission import InvalidDeadline
-from service.bodies import demo, names, validate
-from service.bodies.openai import Chat, Completion, Responses
-from service.bodies.sampling import Sampling
 from service.config import Config
 from service.errors import InvalidRequest, TooManyPrompts, UnknownField
+from service.http import body as schema
+from service.http.admission import InvalidDeadline
+from service.openai import fields as openai_fields
+from service.openai import responses
+from service.protocol import demo, names, validate
+from service.protocol.openai import Chat, Completion, Responses
+from service.protocol.sampling import Sampling
 
 pytestmark = pytest.mark.unit  # no model, no server: `make check` runs it
 

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from service import chat, context
+from service import context
+from service.openai import chat
 from tests.test_openai import MODEL
 
 pytestmark = pytest.mark.usefixtures("settled")  # the check for leftovers needs none before

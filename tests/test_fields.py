@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from service import schema
+from service.http import body as schema
 from tests.test_openai import MODEL
 
 pytestmark = pytest.mark.usefixtures("settled")  # the check for leftovers needs none before

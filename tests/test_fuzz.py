@@ -27,7 +27,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from service.openapi import DemoError, OpenAIError
+from service.ops.openapi import DemoError, OpenAIError
 from tests.conftest import auth
 from tests.test_openai import MODEL, PARIS
 

@@ -1,4 +1,4 @@
-"""What the OpenAI routes do with each request field (service/openai_fields.py), request ids and
+"""What the OpenAI routes do with each request field (service/openai/fields.py), request ids and
 hostile bodies, on both engines, through the real `openai` SDK against the real gunicorn.
 
 Every refused field is a 400 `invalid_request_error` naming it in `param` and leaves nothing in
@@ -13,7 +13,7 @@ import openai
 import pytest
 import requests
 
-from service import openai_fields
+from service.openai import fields as openai_fields
 from tests import test_openai
 from tests.conftest import auth
 from tests.test_openai import BASES, MODEL, PARIS

@@ -12,10 +12,13 @@ import jsonschema
 import pytest
 from schemathesis.specs.openapi.definitions import OPENAPI_31
 
-from service import create_app, demo, openai_api, tokenization
-from service.bodies.limits import MARK
+from service import create_app
 from service.config import Config
-from service.openapi import document
+from service.demo import routes as demo
+from service.openai import routes as openai_api
+from service.openai import tokenize as tokenization
+from service.ops.openapi import document
+from service.protocol.limits import MARK
 
 
 @pytest.fixture(scope="module")

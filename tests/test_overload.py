@@ -15,7 +15,7 @@ import requests
 
 from service import GENERATE_BLUEPRINTS, create_app
 from service.config import Config
-from service.inflight import OTHER_ENDPOINTS
+from service.http.inflight import OTHER_ENDPOINTS
 from tests.conftest import serving
 from tests.test_api import static_app
 

@@ -1,4 +1,4 @@
-"""The probe port (deploy/probe.py, service/beacon.py): a process of its own answers /health,
+"""The probe port (deploy/probe.py, service/ops/beacon.py): a process of its own answers /health,
 /livez and /metrics from what the worker last published, and says what it cannot know. These run
 the real probe server on a real socket; the states come from a real Beacon (its clock a seam)."""
 
@@ -16,7 +16,7 @@ import requests
 
 from deploy.probe import HEALTH, LIVE_STALE_S, STALE_S, spawn
 from deploy.server import ROOT, free_port_run
-from service.beacon import Beacon
+from service.ops.beacon import Beacon
 
 pytestmark = pytest.mark.unit  # no model, no server: `make check` runs it
 

@@ -16,10 +16,10 @@ import pytest
 from batcher import grammar
 from batcher.grammar import StructuredSpec
 from service import create_app, shutdown, structured
-from service.bodies import limits, validate
-from service.bodies.openai import Chat, Completion, Responses
 from service.config import Config
 from service.errors import InvalidRequest
+from service.protocol import limits, validate
+from service.protocol.openai import Chat, Completion, Responses
 from tests.test_api import post
 
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}

@@ -1,6 +1,6 @@
 """Text that cannot be encoded (a lone surrogate: valid JSON, no UTF-8 for it) is a 400 naming
 its field, before anything is enqueued, on every route that takes a body, both engines, both
-route families (service/schema.py's `json_body`, which every route reads its body through)."""
+route families (service/http/body.py's `json_body`, which every route reads its body through)."""
 
 import json
 

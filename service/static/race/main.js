@@ -1,5 +1,5 @@
 // The race page: sends the same prompts to both engines through POST /race (the service's own
-// generate routes, see service/race.py) and draws one row per prompt as its events arrive.
+// generate routes, see service/demo/race.py) and draws one row per prompt as its events arrive.
 // Plain JS modules, no library: the drawing is a few absolutely placed elements, positioned by CSS.
 
 import { apiFetch, keyRefused, readEvents } from "./api.js";

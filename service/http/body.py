@@ -1,6 +1,6 @@
 """A request body read once: JSON, nested at most MAX_JSON_DEPTH deep, every string encodable
 text (`json_body`, every route that takes a body); the demo routes' bodies as their models
-(service/bodies/demo.py) and the engines' prompts (`parse`)."""
+(service/protocol/demo.py) and the engines' prompts (`parse`)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ from werkzeug.exceptions import BadRequest
 
 from batcher.sampling import SamplingParams
 from batcher.sequence import Prompt
-from service import bodies, context
-from service.bodies import demo
+from service import context
+from service import protocol as bodies
 from service.config import Config
 from service.errors import InvalidJson, InvalidRequest, InvalidText
 from service.params import parse_sampling
+from service.protocol import demo
 
 # What parses below Python's recursion limit can still be too deep for what reads it later (a
 # schema's validator, the grammar compiler, recursive code): a body nests at most this much,
@@ -91,7 +92,7 @@ def _check_text(text: str, where: str, *, name: bool = False) -> None:
 
 
 def completion_prompts(prompt) -> list[Prompt]:
-    """/completions' `prompt` (service/bodies/openai.py's `Completion` checked its shape: a
+    """/completions' `prompt` (service/protocol/openai.py's `Completion` checked its shape: a
     string, strings, token ids or lists of them) as a list of prompts; token ids become tuples,
     whether they are in the vocabulary only the engine knows (EngineThread._check_token_ids)."""
     if isinstance(prompt, str):
@@ -102,7 +103,7 @@ def completion_prompts(prompt) -> list[Prompt]:
 
 
 def parse(request: Request, config: Config, model: type[demo.Generate | demo.Single]) -> GenerateRequest:
-    """The body as `model` (service/bodies/demo.py): unknown fields, types and ranges checked there."""
+    """The body as `model` (service/protocol/demo.py): unknown fields, types and ranges checked there."""
     body = json_body(request)
     fields = bodies.validate(model, body, config)
     key = "prompt" if isinstance(fields, demo.Single) else "prompts"

@@ -8,8 +8,11 @@ request log and auth go by, service/__init__.py's GENERATE_BLUEPRINTS).
 from flask import Blueprint, Flask
 from flask.blueprints import BlueprintSetupState
 
-from service import auth, demo_replies, generation, schema, sse
-from service.bodies.demo import Single
+from service import generation
+from service.demo import replies as demo_replies
+from service.http import auth, sse
+from service.http import body as schema
+from service.protocol.demo import Single
 
 ROUTES = {  # engine -> {view: its URL}
     "static": {"generate": "/generate", "basic_generate": "/basic_generate", "generate_stream": "/generate_stream"},

@@ -28,9 +28,10 @@ from collections.abc import Iterator
 from batcher.errors import EngineError
 from batcher.sampling import SamplingParams
 from batcher.sequence import Sequence
-from service import demo_replies, sse
+from service.demo import replies as demo_replies
 from service.errors import log_unexpected
 from service.generation import Engine, deadline_exceeded, fan_out
+from service.http import sse
 
 MODES = ("concurrent", "batch")
 # How often a waiting feed looks at its engine: the engines announce a drain to no waiter, and a

@@ -1,5 +1,5 @@
 """The demo routes' bodies: our own API, so a field outside them is a typo (extra="forbid": a 400
-`unknown_field` naming it, service/bodies/__init__.py). `/generate` and `/generate_vllm` take
+`unknown_field` naming it, service/protocol/__init__.py). `/generate` and `/generate_vllm` take
 `prompts`; `/basic_generate` and the two streams one `prompt`; `/race` the page's feed."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
-from service.bodies.limits import AtMost
-from service.bodies.sampling import Int, Sampling
+from service.protocol.limits import AtMost
+from service.protocol.sampling import Int, Sampling
 
 
 def _has_text(prompt: str) -> str:
@@ -40,7 +40,7 @@ class Single(Sampling):
 
 
 class Race(Generate):
-    """`POST /race`: the race page's feed, one engine's prompts sent the chosen way (service/race.py)."""
+    """`POST /race`: the race page's feed, one engine's prompts sent the chosen way (service/demo/race.py)."""
 
     engine: Literal["static", "vllm"]
     mode: Literal["concurrent", "batch"] | None = None

@@ -8,10 +8,11 @@ from collections.abc import Iterator
 from batcher.errors import EngineError
 from batcher.sequence import Sequence
 from batcher.tokens import Piece
-from service import errors, generation, sse
-from service.echo import Echo
+from service import errors, generation
 from service.errors import ApiError
-from service.openai_replies import usage
+from service.http import sse
+from service.openai.echo import Echo
+from service.openai.replies import usage
 
 DONE = sse.event("[DONE]")
 

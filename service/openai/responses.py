@@ -16,13 +16,13 @@ import time
 import uuid
 
 from batcher.sequence import Sequence
-from service import tool_replies
-from service.bodies import names
-from service.bodies.openai import Responses
 from service.errors import InvalidRequest
-from service.tools import Tools
+from service.protocol import names
+from service.protocol.openai import Responses
+from service.tools import parser as tool_replies
+from service.tools.spec import Tools
 
-FIELDS = names(Responses)  # service/bodies/openai.py checks their types
+FIELDS = names(Responses)  # service/protocol/openai.py checks their types
 IGNORED = "metadata user safety_identifier prompt_cache_key service_tier stream_options".split()
 # refused unless their value is the one that means what we do anyway
 ONLY = {"store": False, "truncation": "disabled", "background": False, "include": []}
@@ -80,7 +80,7 @@ def _messages(value) -> list[dict]:
 
 def _tools(value):
     if not isinstance(value, list):
-        return value  # service/tools.py says what is wrong
+        return value  # service/tools/spec.py says what is wrong
     out = []
     for tool in value:
         if not isinstance(tool, dict) or tool.get("type") != "function":

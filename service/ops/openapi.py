@@ -1,5 +1,5 @@
 """`GET /openapi.json`: the API as an OpenAPI 3.1 document, generated from the body models
-(service/bodies/) and the app's own URL map, so that it lists what is served: each route family
+(service/protocol/) and the app's own URL map, so that it lists what is served: each route family
 once per engine it is registered for (`/v1` and `/static/v1`, `/tokenize` and
 `/static/tokenize`, `/generate` and `/generate_vllm`), never a copied list of paths.
 
@@ -17,8 +17,8 @@ from flask import Blueprint, Flask, current_app, jsonify
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from service.bodies import demo, limits
-from service.bodies import openai as bodies
+from service.protocol import demo, limits
+from service.protocol import openai as bodies
 
 bp = Blueprint("openapi", __name__)
 

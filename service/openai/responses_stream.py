@@ -14,10 +14,11 @@ import uuid
 from collections.abc import Iterator
 
 from batcher.errors import EngineError
-from service import errors, generation, responses
+from service import errors, generation
 from service.errors import ApiError
-from service.tool_replies import Decoder
-from service.tools import Tools
+from service.openai import responses
+from service.tools.parser import Decoder
+from service.tools.spec import Tools
 
 
 class _Events:

@@ -4,7 +4,7 @@ chat route, the Responses route and /tokenize.
 The template is the model's own, or the file CHAT_TEMPLATE names (as vLLM's `--chat-template`).
 A template that reads `tools` renders the tools and the tool turns itself (transformers'
 `apply_chat_template(..., tools=...)`); one that does not (SmolLM2's) gets them written in our
-format (service/tool_prompt.py).
+format (service/tools/prompt.py).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import jinja2
 import jinja2.meta
 from flask import current_app
 
-from service import tool_prompt
 from service.errors import InvalidRequest
-from service.tools import Tools
+from service.tools import prompt as tool_prompt
+from service.tools.spec import Tools
 
 
 def _text(i: int, content, *, nullable: bool = False) -> str | None:

@@ -3,7 +3,7 @@ continuous batching, `/static/v1/...` by the static batcher. So the `openai` SDK
 benchmark client that speaks the OpenAI API, compares the two engines by its base URL alone.
 
 Only the routes live here, and the shapes in openai_replies.py: bodies are checked by their
-models (service/bodies/openai.py) and read by `params`, run by `generation.complete()` or
+models (service/protocol/openai.py) and read by `params`, run by `generation.complete()` or
 `generation.Pieces`, as the demo routes run them.
 """
 
@@ -20,30 +20,20 @@ from werkzeug.exceptions import NotFound
 
 from batcher.grammar import StructuredSpec
 from batcher.sequence import Prompt
-from service import (
-    auth,
-    batching,
-    bodies,
-    chat,
-    context,
-    echo,
-    errors,
-    generation,
-    openai_fields,
-    openai_stream,
-    responses,
-    responses_stream,
-    schema,
-    sse,
-    structured,
-    tools,
-)
-from service.bodies.openai import Chat, Completion, Responses
-from service.echo import Echo
+from service import batching, context, errors, generation, structured
+from service import protocol as bodies
 from service.errors import InvalidRequest, ModelNotFound
-from service.openai_replies import ChatShape, TextShape, usage
+from service.http import auth, sse
+from service.http import body as schema
+from service.openai import chat, echo, responses, responses_stream
+from service.openai import fields as openai_fields
+from service.openai import stream as openai_stream
+from service.openai.echo import Echo
+from service.openai.replies import ChatShape, TextShape, usage
 from service.params import chat_logprobs, parse_n, parse_prompt_logprobs, parse_sampling
-from service.tool_replies import ToolChatShape
+from service.protocol.openai import Chat, Completion, Responses
+from service.tools import spec as tools
+from service.tools.parser import ToolChatShape
 
 bp = auth.protect(Blueprint("openai", __name__))
 errors.register_openai(bp)
@@ -119,7 +109,7 @@ def _respond(
     with `stream`. Choices are grouped per prompt: prompt p's i-th completion has index p*n + i.
     `echoed`: what the request's `echo` puts before each choice, from the prompts as they run;
     `heads`: what service/context.py must keep whole at the start of each prompt (chat);
-    `tool_grammar`: the reply's grammar that chat's `tool_choice` asks for (service/tools.py)."""
+    `tool_grammar`: the reply's grammar that chat's `tool_choice` asks for (service/tools/spec.py)."""
     stream, include_usage, continuous = _stream_options(body)
     if stream and body.get("details"):  # the batching object rides on whole replies only
         raise InvalidRequest("'details' is not supported with 'stream': true", param="details")
@@ -156,7 +146,7 @@ def _respond(
 
 def _body(model, route: str) -> dict:
     """The request's JSON body, every field checked: the refused ones by openai_fields' table,
-    the honoured ones by `model` (service/bodies/openai.py)."""
+    the honoured ones by `model` (service/protocol/openai.py)."""
     body = schema.json_body(request)
     openai_fields.check(body, route)
     bodies.validate(model, body, _config())
@@ -207,7 +197,7 @@ def chat_completions(engine: str):
 @bp.post("/responses")
 def create_response(engine: str):
     """OpenAI's Responses API, stateless, over the chat route's rendering, the same context-length
-    rule and the same generation core (service/responses.py)."""
+    rule and the same generation core (service/openai/responses.py)."""
     body = schema.json_body(request)
     asked = responses.check(body)
     bodies.validate(Responses, body, _config())

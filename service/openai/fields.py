@@ -3,7 +3,7 @@
 
 Every field of OpenAI's and vLLM 0.32's request schemas (vllm/entrypoints/openai/completion/
 protocol.py, chat_completion/protocol.py) is in the table, with one of three rules:
-- HONOURED: declared by the route's model (service/bodies/openai.py), applied on both engines;
+- HONOURED: declared by the route's model (service/protocol/openai.py), applied on both engines;
 - IGNORED: accepted and ignored, because it does not change the output (`user`, `metadata`, ...);
 - `refused(*allowed)`: a 400 `invalid_request_error` naming the field in `param`, unless its
   value is one of `allowed` (null, or the value that means what the service does anyway:
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from service.bodies import names
-from service.bodies.openai import Chat, Completion, Detokenize, StreamOptions, TokenizeChat, TokenizeText
 from service.errors import InvalidRequest
+from service.protocol import names
+from service.protocol.openai import Chat, Completion, Detokenize, StreamOptions, TokenizeChat, TokenizeText
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ GUIDED = "vLLM removed it; use 'structured_outputs' or 'response_format'"
 
 
 def honoured(*models: type[BaseModel], prefix: str = "") -> dict[str, Rule]:
-    """Every field the models declare (service/bodies/openai.py): what the routes implement."""
+    """Every field the models declare (service/protocol/openai.py): what the routes implement."""
     return {f"{prefix}{name}": HONOURED for model in models for name in names(model)}
 
 

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
-from service.bodies.limits import (
+from service.protocol.limits import (
     MAX_CHOICE_CHARS,
     MAX_CHOICES,
     MAX_GRAMMAR_CHARS,
@@ -70,7 +70,7 @@ def _json_text_bounded(value: dict) -> dict:
 
 class StructuredOutputs(Strict):
     """vLLM's `structured_outputs`: exactly one kind (service/structured.py says which is missing).
-    What a grammar compiles from is bounded (service/bodies/limits.py), a JSON schema by the body."""
+    What a grammar compiles from is bounded (service/protocol/limits.py), a JSON schema by the body."""
 
     model_config = ConfigDict(extra="forbid")
     json_: dict[str, Any] | str | None = Field(None, alias="json")

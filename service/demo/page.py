@@ -5,9 +5,10 @@ from __future__ import annotations
 from flask import Blueprint, current_app, render_template
 
 from batcher.sampling import SamplingParams
-from service import auth, schema, sse
-from service.bodies import demo as bodies
-from service.race import MODES, Race
+from service.demo.race import MODES, Race
+from service.http import auth, sse
+from service.http import body as schema
+from service.protocol import demo as bodies
 
 bp = Blueprint("page", __name__)
 

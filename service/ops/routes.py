@@ -22,7 +22,7 @@ def health_reply(engines: dict, max_new_tokens: int) -> tuple[dict, int]:
     raised, or it held work and made no progress for ENGINE_STALL_S), naming it and the error in
     `failed`: the process leaves then, under gunicorn, and a fresh one starts. A vLLM engine that
     failed to *start* is reported beside the static one and does not decide the code. The probe
-    port answers the same body (service/beacon.py publishes it, deploy/probe.py serves it)."""
+    port answers the same body (service/ops/beacon.py publishes it, deploy/probe.py serves it)."""
     body = {name: eng.health() for name, eng in engines.items()}
     for name, load in _predicted(engines, 1, max_new_tokens).items():
         body[name]["predicted"] = load

@@ -2,7 +2,7 @@
 that grows with it runs: the constants below, declared on the fields as pydantic's `max_length`
 (/openapi.json's maxItems and maxLength), and the ones that are settings (MAX_NEW_TOKENS_LIMIT,
 MAX_N, ...), declared as `AtMost("max_n")`, checked against the app's `Config` (the validation
-context), and shown in /openapi.json as that setting's value (service/openapi.py).
+context), and shown in /openapi.json as that setting's value (service/ops/openapi.py).
 
 Besides these, every body is at most MAX_BODY_BYTES (1 MiB) and MAX_JSON_DEPTH deep."""
 

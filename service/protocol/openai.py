@@ -1,7 +1,7 @@
 """The OpenAI routes' bodies, both engines: `/completions`, `/chat/completions`, `/responses`,
 `/tokenize`, `/detokenize`. vLLM's rule (its OpenAIBaseModel): extra="allow", a name nobody
 defined is logged at debug and ignored; the fields OpenAI or vLLM define and we do not implement
-are refused or ignored by service/openai_fields.py's table, which takes its honoured fields
+are refused or ignored by service/openai/fields.py's table, which takes its honoured fields
 from these models. What the shapes mean: docs/openai.md."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, create_model, field_validator
 from pydantic_core import PydanticCustomError
 
-from service.bodies.demo import Prompt
-from service.bodies.limits import MAX_MESSAGES, MAX_TOOLS, AtMost
-from service.bodies.sampling import Flag, Int, Logprobs, Number, Sampling, Strict, TokenIds
+from service.protocol.demo import Prompt
+from service.protocol.limits import MAX_MESSAGES, MAX_TOOLS, AtMost
+from service.protocol.sampling import Flag, Int, Logprobs, Number, Sampling, Strict, TokenIds
 
 OPEN = ConfigDict(extra="allow")
 MaxTokens = Annotated[Int, Field(ge=1), AtMost("max_new_tokens_limit")]
@@ -157,7 +157,7 @@ ChatLogprobs = create_model(
 
 
 class InputItem(Strict):
-    """A message, a function_call or a function_call_output (service/responses.py)."""
+    """A message, a function_call or a function_call_output (service/openai/responses.py)."""
 
     model_config = OPEN
     type: Literal["message", "function_call", "function_call_output"] | None = None

@@ -1,4 +1,4 @@
-"""The constrained reply (service/tools.py's format) parsed back into OpenAI's shapes: whole, or
+"""The constrained reply (service/tools/spec.py's format) parsed back into OpenAI's shapes: whole, or
 piece by piece as a stream makes it (`Decoder`, for the chat chunks and the Responses events).
 
 The grammar puts `name` before `arguments` and writes compact JSON, so a call's text is
@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 from batcher.sequence import Sequence
 from batcher.tokens import TokenLogprob
-from service.openai_replies import ChatShape
-from service.tools import Tools
+from service.openai.replies import ChatShape
+from service.tools.spec import Tools
 
 CALL_HEAD = re.compile(r'^\{"tool_call":\{"name":"([a-zA-Z0-9_-]+)","arguments":')
 TEXT_HEAD = '{"response":"'

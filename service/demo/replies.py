@@ -8,10 +8,11 @@ from collections.abc import Iterator
 from flask import Response, jsonify
 
 from batcher.sequence import Sequence
-from service import batching, sse
+from service import batching
 from service.errors import ApiError, describe, error_body, message
 from service.generation import Pieces
-from service.schema import GenerateRequest
+from service.http import sse
+from service.http.body import GenerateRequest
 
 # what a stream's first event (with `details`) says: what is known once the sequence has entered
 START_DETAILS = ("sequence_id", "round", "batch_size", "batch_shape", "queue_ms")

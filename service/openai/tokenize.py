@@ -4,7 +4,7 @@ for vLLM, `/static/tokenize` for the static batcher (vLLM serves them at its roo
 Shapes as vLLM 0.32's (vllm/entrypoints/serve/tokenize/protocol.py): `{"prompt"}` or
 `{"messages", "add_generation_prompt"}` in, `{"count", "max_model_len", "tokens"}` out (and
 `token_strs` with `return_token_strs`); `{"tokens"}` in, `{"prompt"}` out. The text is the
-tokenizer's that both engines run, the chat rendering the chat route's (`service/chat.py`), and
+tokenizer's that both engines run, the chat rendering the chat route's (`service/openai/chat.py`), and
 `max_model_len` what `/v1/models` reports. Errors in OpenAI's shape, as on `/v1`.
 """
 
@@ -12,8 +12,14 @@ from __future__ import annotations
 
 from flask import Blueprint, Flask, current_app, jsonify, request
 
-from service import auth, bodies, chat, errors, generation, openai_api, openai_fields, schema
-from service.bodies.openai import Detokenize, TokenizeChat, TokenizeText
+from service import errors, generation
+from service import protocol as bodies
+from service.http import auth
+from service.http import body as schema
+from service.openai import chat
+from service.openai import fields as openai_fields
+from service.openai import routes as openai_api
+from service.protocol.openai import Detokenize, TokenizeChat, TokenizeText
 
 bp = auth.protect(Blueprint("tokenize", __name__))
 errors.register_openai(bp)

@@ -1,8 +1,8 @@
 """The request bodies, declared once as pydantic models (vLLM's entrypoints/openai/*/protocol.py
 is the example): `sampling` (what every generate body shares), `demo` (our own routes: an
 unknown field is a 400), `openai` (vLLM's rule: a name nobody defined is ignored, the fields it
-defines and we do not implement are service/openai_fields.py's table). From them come the 400s
-(`validate`), /openapi.json (service/openapi.py) and the parameter tables of docs/ (checked by
+defines and we do not implement are service/openai/fields.py's table). From them come the 400s
+(`validate`), /openapi.json (service/ops/openapi.py) and the parameter tables of docs/ (checked by
 tests/test_bodies.py).
 
 `validate` turns pydantic's errors into the documented shapes: an unknown top-level field on a
@@ -18,10 +18,10 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from service.admission import FIELD as MAX_QUEUE_MS
-from service.admission import InvalidDeadline
 from service.config import Config
 from service.errors import InvalidRequest, UnknownField
+from service.http.admission import FIELD as MAX_QUEUE_MS
+from service.http.admission import InvalidDeadline
 
 Body = TypeVar("Body", bound=BaseModel)
 TAGS = {"str", "int", "float", "bool", "dict", "list", "none", "literal"}  # union members in a loc

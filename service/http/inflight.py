@@ -14,8 +14,8 @@ import threading
 
 from flask import Flask, Response, g, request
 
-from service.auth import require_api_key
 from service.errors import TooBusy
+from service.http.auth import require_api_key
 
 # the routes that run prompts outside GENERATE_BLUEPRINTS: the race page's feed (a stream)
 OTHER_ENDPOINTS = frozenset({"page.race"})

@@ -4,7 +4,7 @@ into a folder, for the probe server (deploy/probe.py, a process of its own) to a
 It writes /health's reply every HEALTH_EVERY_S and at once when told (`kick`: a drain began, an
 engine died), the metrics every METRICS_EVERY_S; each file whole, by a rename. It starts at the
 worker's fork, before the app loads, and says "starting" until `attach` hands it the app's
-replies. The reply is the worker's own /health (service/ops.py `health_reply`): one body, two
+replies. The reply is the worker's own /health (service/ops/routes.py `health_reply`): one body, two
 servers of it. A failure to write is logged and tried again; were the thread stuck, the probe
 server would see the state age and say so."""
 

@@ -1,7 +1,7 @@
 """A request's function tools, parsed once, and the grammar its reply is constrained to.
 
 Tool calls are structured outputs with a prompt (docs: the tool format): the tools are stated in
-the prompt (service/tool_prompt.py), and the reply is constrained, by the same xgrammar machinery
+the prompt (service/tools/prompt.py), and the reply is constrained, by the same xgrammar machinery
 as `structured_outputs` (service/structured.py), to one JSON object in llama.cpp's "generic" shape:
 - `{"tool_call":{"name":...,"arguments":{...}}}`: a call, its arguments from the function's
   `parameters` schema;
@@ -52,7 +52,7 @@ def _bad(why: str, param: str = "tools") -> InvalidRequest:
 
 
 def _function(i: int, tool: dict) -> dict:
-    """Its shape checked by service/bodies/openai.py's Tool; here, what only a schema check says."""
+    """Its shape checked by service/protocol/openai.py's Tool; here, what only a schema check says."""
     fn = tool["function"]
     parameters = fn.get("parameters") or NO_PARAMETERS
     schema_text(parameters, "tools")  # a valid JSON schema that xgrammar enforces, or a 400

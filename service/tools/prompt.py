@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 
-from service.tools import Tools
+from service.tools.spec import Tools
 
 COMPACT = (",", ":")
 HEADER = "You can call these functions. Each line is one, with the JSON schema of its arguments:"

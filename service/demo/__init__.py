@@ -1,0 +1,2 @@
+"""The demo API (`/generate` and its siblings) and the race page that shows static against
+continuous batching."""
