@@ -15,17 +15,17 @@ from batcher.vllm.worker import VLLMWorker
 from service import errors
 from service.config import Config
 from service.demo import page
-from service.demo import routes as demo
-from service.http import admission, inflight, request_id
-from service.openai import routes as openai_api
-from service.openai import tokenize as tokenization
+from service.demo import routes as demo_routes
+from service.http import admission, inflight, lookup, request_id
+from service.openai import routes as openai_routes
+from service.openai import tokenize
 from service.ops import live, openapi
-from service.ops import routes as ops
+from service.ops import routes as ops_routes
 
 log = logging.getLogger(__name__)
 
 # the routes that run prompts: counted in request_latency_seconds and logged one line each
-GENERATE_BLUEPRINTS = set(demo.ROUTES) | {f"openai_{engine}" for engine in openai_api.PREFIXES}
+GENERATE_BLUEPRINTS = set(demo_routes.ROUTES) | {f"openai_{engine}" for engine in openai_routes.PREFIXES}
 
 
 def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
@@ -65,11 +65,11 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
     app.extensions["tokenizer"] = functools.cache(lambda: AutoTokenizer.from_pretrained(path))
     app.config["STARTED_AT"] = int(time.time())
 
-    for blueprint in (ops.bp, live.bp, page.bp, openapi.bp):
+    for blueprint in (ops_routes.bp, live.bp, page.bp, openapi.bp):
         app.register_blueprint(blueprint)
-    demo.register(app)
-    openai_api.register(app)
-    tokenization.register(app)
+    demo_routes.register(app)
+    openai_routes.register(app)
+    tokenize.register(app)
     errors.register(app)
     request_id.register(app)  # first of the app's hooks
     _observe_requests(app, metrics)
@@ -123,8 +123,9 @@ def _observe_requests(app: Flask, metrics: Metrics) -> None:
 
     @app.after_request
     def _record(response):
-        if request.blueprint in GENERATE_BLUEPRINTS and "predicted" in g:  # also on a refusal
-            response.headers.update(admission.headers(g.predicted))
+        run = lookup.current_run()
+        if request.blueprint in GENERATE_BLUEPRINTS and run is not None and run.predicted is not None:
+            response.headers.update(admission.headers(run.predicted))  # also on a refusal
         if request.blueprint in GENERATE_BLUEPRINTS:
             elapsed = time.perf_counter() - g.started
             # the route's rule, not the path: an unknown path under /v1 must not make a new series

@@ -14,9 +14,8 @@ after it; a cut that would reach into the head is a 400.
 
 from __future__ import annotations
 
-from flask import current_app
-
 from batcher.sequence import Prompt
+from service.config import Config
 from service.errors import ApiError, InvalidRequest
 
 FIELD = "truncate_prompt_tokens"
@@ -26,28 +25,36 @@ class ContextTooLong(ApiError):
     status, type = 400, "context_length_exceeded"  # OpenAI's code for it
 
 
-def truncation(body: dict) -> int | None:
-    """The request's `truncate_prompt_tokens` as a number of tokens to keep, None to keep all."""
-    value, limit = body.get(FIELD), current_app.config["SERVICE"].max_input_tokens
+def truncation(value: int | None, max_input_tokens: int) -> int | None:
+    """A request's `truncate_prompt_tokens` as a number of tokens to keep, None to keep all."""
     if value is None:
         return None
     if value == 0:  # its type and the rest of its range: service/protocol/sampling.py
         raise InvalidRequest(f"'{FIELD}' must be -1 or an integer >= 1, got {value!r}", param=FIELD)
-    if value > limit:  # vLLM's words
+    if value > max_input_tokens:  # vLLM's words
         raise InvalidRequest(
-            f"{FIELD}={value} cannot be greater than max_input_tokens = {limit}. "
+            f"{FIELD}={value} cannot be greater than max_input_tokens = {max_input_tokens}. "
             "Please request a smaller truncation size.",
             param=FIELD,
         )
-    return limit if value == -1 else value
+    return max_input_tokens if value == -1 else value
 
 
-def fit(prompts: list[Prompt], body: dict, max_tokens: int, param: str, heads: list[str] | None = None) -> list[Prompt]:
+def fit(
+    prompts: list[Prompt],
+    *,
+    truncate: int | None,
+    max_tokens: int,
+    param: str,
+    tokenizer,
+    config: Config,
+    heads: list[str] | None = None,
+) -> tuple[Prompt, ...]:
     """The prompts as the engines will run them: each one checked against the context length,
-    cut to its last `truncate_prompt_tokens` where the request asks (then as token ids).
-    `heads`: per prompt, the text that must stay whole at its start (a chat template's head)."""
-    config, tokenizer = current_app.config["SERVICE"], current_app.extensions["tokenizer"]()
-    keep = truncation(body)
+    cut to its last `truncate` (the request's `truncate_prompt_tokens`) tokens where it asks (then
+    as token ids). `param`: the field the prompts came from, for the error; `heads`: per prompt,
+    the text that must stay whole at its start (a chat template's head)."""
+    keep = truncation(truncate, config.max_input_tokens)
     fitted = []
     for i, prompt in enumerate(prompts):
         ids = tokenizer(prompt)["input_ids"] if isinstance(prompt, str) else list(prompt)
@@ -62,7 +69,7 @@ def fit(prompts: list[Prompt], body: dict, max_tokens: int, param: str, heads: l
             ids, prompt = ids[:head] + ids[len(ids) - (keep - head) :], None
         _check(len(ids), max_tokens, config.max_input_tokens, config.max_model_len, param)
         fitted.append(prompt if prompt is not None else tuple(ids))
-    return fitted
+    return tuple(fitted)
 
 
 def _check(tokens: int, max_tokens: int, max_input: int, max_model_len: int, param: str) -> None:

@@ -56,6 +56,12 @@ class InvalidRequest(ApiError):
     status, type = 422, "invalid_request"
 
 
+class InvalidDeadline(ApiError):
+    """A bad X-Max-Queue-Ms or `max_queue_ms`: 400 on every route, the demo routes too."""
+
+    status, type = 400, "invalid_request"
+
+
 class Unauthorized(ApiError):
     status, type = 401, "invalid_api_key"
 

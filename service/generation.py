@@ -3,7 +3,8 @@
 Both engines take `Sequence`s through `submit()` and set each one's `done` event; the views only
 choose the engine and shape the reply. `complete()` waits for whole texts; `Pieces` is the
 engine side of a stream (submit, wait for the first piece, deadline, cancel on close), written
-once; each API shapes what they return (demo_replies.py, openai_replies.py).
+once; each API shapes what they return (demo/replies.py, openai/replies.py). The view hands them
+a `Run`: nothing here reads the app.
 """
 
 from __future__ import annotations
@@ -12,17 +13,16 @@ import dataclasses
 import queue
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Protocol
-
-from flask import current_app, g
 
 from batcher.errors import WaitTooLong
 from batcher.predict import Prediction
 from batcher.sampling import SamplingParams
 from batcher.sequence import Prompt, Sequence
 from service import structured
+from service.config import Config
 from service.errors import DeadlineExceeded
-from service.http import admission
 
 
 class Engine(Protocol):
@@ -36,12 +36,19 @@ class Engine(Protocol):
     def submit(self, seqs: list[Sequence], *, max_ttft_s=None, max_total_s=None) -> Prediction: ...
 
 
-def engine(name: str) -> Engine:
-    return current_app.extensions["engines"][name]
+@dataclass
+class Run:
+    """One request's way to its engine, made by its view (service/http/lookup.py): the engine, the
+    request's deadlines (REQUEST_TIMEOUT_S for the whole, `max_ttft_s` for the first token, from
+    X-Max-Queue-Ms or `max_queue_ms`), and the settings a grammar compiles with. `predicted`: what
+    the engine predicted at admission, admitted or refused, set by `submit` for the reply's
+    `x-predicted-wait` header."""
 
-
-def _timeout() -> float:
-    return current_app.config["SERVICE"].request_timeout_s
+    engine: Engine
+    timeout_s: float
+    max_ttft_s: float | None
+    config: Config
+    predicted: Prediction | None = field(default=None, compare=False)
 
 
 def deadline_exceeded(timeout: float) -> DeadlineExceeded:
@@ -49,7 +56,7 @@ def deadline_exceeded(timeout: float) -> DeadlineExceeded:
 
 
 def submit(
-    eng: Engine,
+    run: Run,
     prompts: list[Prompt],
     params: SamplingParams,
     n: int = 1,
@@ -57,9 +64,8 @@ def submit(
     pieces: queue.SimpleQueue | None = None,
     solo=False,
 ) -> list[Sequence]:
-    """The request's sequences (`fan_out`), enqueued on `eng` under the request's deadline
-    (service/http/admission.py) and REQUEST_TIMEOUT_S; the prediction, admitted or refused, is kept for
-    the reply's `x-predicted-wait` header.
+    """The request's sequences (`fan_out`), enqueued on the run's engine under the request's
+    deadlines; the prediction, admitted or refused, is kept in `run.predicted`.
 
     A grammar is compiled here, last: after the context-length check (the views ran it) and after
     the engine's own dry run of its admission (nothing enqueued), so that a request refused with
@@ -69,19 +75,19 @@ def submit(
     if not seqs:
         return seqs
     if params.structured is not None and params.structured.compiled is None:
-        _admitted(eng.check_admission, seqs)
-        params = structured.compile_params(params, current_app.config["SERVICE"])
+        _admitted(run, run.engine.check_admission, seqs)
+        params = structured.compile_params(params, run.config)
         seqs = fan_out(prompts, params, n, pieces=pieces, solo=solo)
-    _admitted(eng.submit, seqs)
+    _admitted(run, run.engine.submit, seqs)
     return seqs
 
 
-def _admitted(admit: Callable[..., Prediction], seqs: list[Sequence]) -> None:
+def _admitted(run: Run, admit: Callable[..., Prediction], seqs: list[Sequence]) -> None:
     """`admit(seqs)` (the engine's `submit` or its dry run) under the request's deadlines."""
     try:
-        g.predicted = admit(seqs, max_ttft_s=admission.max_ttft_s(), max_total_s=_timeout())
+        run.predicted = admit(seqs, max_ttft_s=run.max_ttft_s, max_total_s=run.timeout_s)
     except WaitTooLong as exc:
-        g.predicted = exc.prediction
+        run.predicted = exc.prediction
         raise
 
 
@@ -96,17 +102,17 @@ def fan_out(
     return [Sequence(prompt, p, pieces=pieces, solo=solo) for prompt in prompts for p in per_copy]
 
 
-def complete(eng: Engine, prompts: list[str], params: SamplingParams, n: int = 1, *, solo=False) -> list[Sequence]:
-    """Run every prompt (n times each) on `eng` and wait for all of them, or fail the request."""
-    seqs = submit(eng, prompts, params, n, solo=solo)
+def complete(run: Run, prompts: list[Prompt], params: SamplingParams, n: int = 1, *, solo=False) -> list[Sequence]:
+    """Run every prompt (n times each) on the run's engine and wait for all of them, or fail the request."""
+    seqs = submit(run, prompts, params, n, solo=solo)
     if not seqs:
         return seqs
-    deadline = time.monotonic() + _timeout()
+    deadline = time.monotonic() + run.timeout_s
     for seq in seqs:
         if not seq.done.wait(max(0.0, deadline - time.monotonic())):
             for s in seqs:  # skipped if still queued, dropped at the next step if running
                 s.cancel()
-            raise deadline_exceeded(_timeout())
+            raise deadline_exceeded(run.timeout_s)
     for seq in seqs:
         if seq.error is not None:
             raise seq.error
@@ -125,14 +131,14 @@ class Pieces:
     cancels whatever still runs: call it when the client is gone.
     """
 
-    def __init__(self, eng: Engine, prompts: list[str], params: SamplingParams, n: int = 1, *, until_entered=False):
+    def __init__(self, run: Run, prompts: list[Prompt], params: SamplingParams, n: int = 1, *, until_entered=False):
         """`until_entered`: answer as soon as the (first) sequence enters its round or step, not at
         its first piece, so that a details event can go first; an error before that point still
         raises here."""
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self.seqs = submit(eng, prompts, params, n, pieces=self._queue)
-        self._deadline = time.monotonic() + _timeout()
-        self._timeout_error = deadline_exceeded(_timeout())
+        self.seqs = submit(run, prompts, params, n, pieces=self._queue)
+        self._deadline = time.monotonic() + run.timeout_s
+        self._timeout_error = deadline_exceeded(run.timeout_s)
         if until_entered:
             seq, self._first = self.seqs[0], None
             if not seq.entered.wait(max(0.0, self._deadline - time.monotonic())):

@@ -11,8 +11,9 @@ Two spellings, vLLM 0.32's names and meanings (its OpenAI protocol maps `respons
 The demo routes take either, for every prompt of the request.
 
 Two steps, both in the request thread, so that the model thread never compiles:
-- `parse_structured`, with the other fields: what is cheap to check (the shape, a JSON schema
-  against its metaschema, the keywords xgrammar does not enforce); the spec stays uncompiled;
+- `constraint`, as the request's model is validated (service/protocol/sampling.py): what is
+  cheap to check (the shape, a JSON schema against its metaschema, the keywords xgrammar does
+  not enforce); the spec stays uncompiled;
 - `compile_params`, from service/generation.py once the request has passed the context-length
   check and the engine's admission would take it: compiling costs CPU and a place in xgrammar's
   cache, which a request refused with a 400, 429 or 503 must not take (3,000 tools once took
@@ -41,30 +42,27 @@ SUPPORTED = {"response_format": list(RESPONSE_FORMATS), "structured_outputs": li
 UNSUPPORTED_OPTIONS = ("whitespace_pattern", "disable_additional_properties")
 
 
-def parse_structured(body: dict, tool_grammar: StructuredSpec | None = None) -> StructuredSpec | None:
-    """The request's constraint, checked but not compiled (`compile_params` compiles it), or None.
-    `tool_grammar`: the reply's grammar that `tool_choice` asks for (service/tools/spec.py), which
-    service/tools/spec.py's `constrain` has made sure nothing else in the body competes with."""
-    spec = tool_grammar or _body_spec(body.get("response_format"), body.get("structured_outputs"))
-    if spec is None:
-        return None
-    if body.get("ignore_eos") or body.get("min_tokens"):  # a complete grammar allows only EOS
-        raise InvalidRequest(
-            f"'{spec.param}' ends the text where its grammar does: not with 'ignore_eos' or 'min_tokens'",
-            param=spec.param,
-        )
-    return spec
-
-
-def _body_spec(fmt: dict | None, outputs: dict | None) -> StructuredSpec | None:
-    spec = _response_format(fmt) if fmt is not None else None
-    if outputs is None:
+def constraint(response_format, structured_outputs) -> StructuredSpec | None:
+    """The constraint that a body's `response_format` or `structured_outputs` asks for (their
+    models in service/protocol/sampling.py), checked but not compiled (`compile_params` compiles
+    it), or None."""
+    spec = _response_format(response_format) if response_format is not None else None
+    if structured_outputs is None:
         return spec
     if spec is not None:
         raise InvalidRequest(
             "'response_format' and 'structured_outputs' both constrain the output: send one", param="response_format"
         )
-    return _structured_outputs(outputs)
+    return _structured_outputs(structured_outputs)
+
+
+def check_free_end(spec: StructuredSpec | None, ignore_eos: bool | None, min_tokens: int | None) -> None:
+    """A complete grammar allows only EOS: it cannot go with `ignore_eos` or `min_tokens`."""
+    if spec is not None and (ignore_eos or min_tokens):
+        raise InvalidRequest(
+            f"'{spec.param}' ends the text where its grammar does: not with 'ignore_eos' or 'min_tokens'",
+            param=spec.param,
+        )
 
 
 def compiler(config: Config):
@@ -91,21 +89,22 @@ def compile_params(params: SamplingParams, config: Config) -> SamplingParams:
     return dataclasses.replace(params, structured=compiled)
 
 
-def _response_format(fmt: dict) -> StructuredSpec | None:
-    """Its shape checked by service/protocol/sampling.py's ResponseFormat."""
-    if fmt["type"] == "text":
+def _response_format(fmt) -> StructuredSpec | None:
+    """`fmt`: a ResponseFormat (service/protocol/sampling.py)."""
+    if fmt.type == "text":
         return None
-    if fmt["type"] == "json_object":
+    if fmt.type == "json_object":
         return StructuredSpec("json_object", param="response_format")
-    if fmt.get("json_schema") is None:
+    if fmt.json_schema is None:
         rule = "needs 'json_schema': {'name', 'schema', 'strict'?}"
         raise InvalidRequest(f"'response_format' of type 'json_schema' {rule}", param="response_format")
-    schema = schema_text(fmt["json_schema"]["schema"], "response_format")
+    schema = schema_text(fmt.json_schema.schema_, "response_format")
     return StructuredSpec("json", schema, param="response_format")
 
 
-def _structured_outputs(outputs: dict) -> StructuredSpec:
-    """Its fields' types checked by service/protocol/sampling.py's StructuredOutputs."""
+def _structured_outputs(model) -> StructuredSpec:
+    """`model`: a StructuredOutputs (service/protocol/sampling.py), its fields' types checked."""
+    outputs = {"json" if name == "json_" else name: getattr(model, name) for name in type(model).model_fields}
 
     def bad(why: str) -> InvalidRequest:
         return InvalidRequest(f"'structured_outputs' {why}", param="structured_outputs")

@@ -8,6 +8,7 @@ import pytest
 
 from service import context
 from service.openai import chat
+from service.plan import Served
 from tests.test_openai import MODEL
 
 pytestmark = pytest.mark.usefixtures("settled")  # the check for leftovers needs none before
@@ -99,10 +100,13 @@ def test_a_bad_truncate_prompt_tokens_is_a_400_naming_it(vllm_client, value, why
 
 def test_a_cut_chat_prompt_keeps_its_templates_head(vllm_app):
     messages = [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": LONG + " Hi?"}]
-    with vllm_app.test_request_context():
-        rendered, head = chat.render(messages), chat.head(messages)
-        [ids] = context.fit([rendered], {"truncate_prompt_tokens": 60}, 3, "messages", [head])
-        head_ids, full = tokens(vllm_app, head), tokens(vllm_app, rendered)
+    config, tokenizer = vllm_app.config["SERVICE"], vllm_app.extensions["tokenizer"]()
+    served = Served(config, tokenizer)  # what a view hands down: no request context needed
+    rendered, head = chat.render(served, messages), chat.head(served, messages)
+    [ids] = context.fit(
+        [rendered], truncate=60, max_tokens=3, param="messages", tokenizer=tokenizer, config=config, heads=[head]
+    )
+    head_ids, full = tokens(vllm_app, head), tokens(vllm_app, rendered)
     assert head.endswith("<|im_start|>user\n") and "You answer briefly." in head
     assert len(ids) == 60 and list(ids[: len(head_ids)]) == head_ids  # the head whole
     assert list(ids[len(head_ids) :]) == full[-(60 - len(head_ids)) :]  # then the end of the prompt

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from service.http import body as schema
+from service.protocol import names
+from service.protocol.demo import Generate
 from tests.test_openai import MODEL
 
 pytestmark = pytest.mark.usefixtures("settled")  # the check for leftovers needs none before
@@ -52,7 +53,7 @@ def test_every_documented_field_is_known(vllm_client, path, prompt):
     body |= {"stop_token_ids": [], "min_tokens": 0, "seed": 1, "presence_penalty": 0, "frequency_penalty": 0}
     body |= {"repetition_penalty": 1, "logit_bias": {}, "ignore_eos": False, "response_format": {"type": "text"}}
     body |= {"max_queue_ms": 60000, "truncate_prompt_tokens": -1, "details": False}
-    assert set(body) - set(prompt) <= schema.DEMO_FIELDS
+    assert set(body) - set(prompt) <= set(names(Generate))
     r = post(vllm_client, path, body)
     assert r.status_code == 200, r.get_data(as_text=True)
 

@@ -1,4 +1,5 @@
-"""The sampling-parameter parser and the stop-string helpers: pure functions, no model."""
+"""The request models' sampling parameters (`to_sampling_params`, the rules across fields) and the
+stop-string helpers: pure functions, no model."""
 
 import pytest
 
@@ -6,20 +7,33 @@ from batcher.sampling import SamplingParams
 from batcher.static.stops import find_stop, held_back
 from service.config import Config
 from service.errors import InvalidRequest
-from service.params import chat_logprobs, parse_n, parse_sampling
+from service.protocol import validate
+from service.protocol.chat import Chat
+from service.protocol.sampling import Sampling
 
 pytestmark = pytest.mark.unit  # no model, no server: `make check` runs it
 
 CONFIG = Config()
 
 
-def parse(body, temperature=0.0):
-    return parse_sampling(body, CONFIG, default_temperature=temperature)
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def parse(body) -> SamplingParams:
+    return validate(Sampling, body, CONFIG).to_sampling_params(CONFIG)
+
+
+def parse_n(body, config) -> int:
+    return validate(Sampling, body, config).n or 1
+
+
+def chat(body) -> SamplingParams:
+    return validate(Chat, {"messages": MESSAGES, **body}, CONFIG).to_sampling_params(CONFIG)
 
 
 def test_an_empty_body_gives_the_neutral_defaults():
     assert parse({}) == SamplingParams(max_tokens=CONFIG.max_new_tokens)
-    assert parse({}, temperature=1.0).temperature == 1.0  # the OpenAI routes' default
+    assert chat({}).temperature == 1.0  # the OpenAI routes' default
     assert parse_n({}, CONFIG) == 1
 
 
@@ -102,13 +116,41 @@ def test_held_back_keeps_the_longest_tail_that_may_start_a_stop_string():
 
 
 def test_chat_logprobs_map_onto_the_one_logprobs_field():
-    assert parse(chat_logprobs({"logprobs": True, "top_logprobs": 2})).logprobs == 2
-    assert parse(chat_logprobs({"logprobs": True})).logprobs == 0
-    assert parse(chat_logprobs({"logprobs": False})).logprobs is None
-    assert parse(chat_logprobs({})).logprobs is None
+    assert chat({"logprobs": True, "top_logprobs": 2}).logprobs == 2
+    assert chat({"logprobs": True}).logprobs == 0
+    assert chat({"logprobs": False}).logprobs is None
+    assert chat({}).logprobs is None
     for body, param in (({"top_logprobs": 2}, "top_logprobs"), ({"logprobs": 3}, "logprobs")):
         with pytest.raises(InvalidRequest) as caught:
-            chat_logprobs(body)
+            chat(body)
         assert caught.value.param == param
     with pytest.raises(InvalidRequest):
-        chat_logprobs({"logprobs": True, "top_logprobs": 6})
+        chat({"logprobs": True, "top_logprobs": 6})
+
+
+def test_chat_max_completion_tokens_wins_and_tools_get_room_for_a_call():
+    assert chat({"max_tokens": 5, "max_completion_tokens": 7}).max_tokens == 7
+    assert chat({"max_tokens": 5}).max_tokens == 5
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    assert chat({"tools": tools, "tool_choice": "required"}).max_tokens == min(128, CONFIG.max_new_tokens_limit)
+    assert chat({"tools": tools, "tool_choice": "none"}).max_tokens == CONFIG.max_new_tokens
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+        ({"stream": True, "stream_options": {"continuous_usage_stats": True}}, "stream_options"),
+        ({"stream": True, "details": True}, "details"),
+        ({"stream": True, "prompt_logprobs": 1}, "prompt_logprobs"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"messages": [{"role": "user", "tool_calls": []}]}, "messages"),
+        ({"messages": [{"role": "tool", "content": "3"}]}, "messages"),
+        ({"messages": [{"role": "user"}]}, "messages"),
+    ],
+)
+def test_rules_across_fields_are_the_models_and_name_the_field(body, param):
+    """Checked once, as the body is validated: no view or helper checks them again."""
+    with pytest.raises(InvalidRequest) as caught:
+        chat(body)
+    assert caught.value.param == param, caught.value

@@ -19,7 +19,9 @@ from service import create_app, shutdown, structured
 from service.config import Config
 from service.errors import InvalidRequest
 from service.protocol import limits, validate
-from service.protocol.openai import Chat, Completion, Responses
+from service.protocol.chat import Chat
+from service.protocol.completion import Completion
+from service.protocol.responses import Responses
 from tests.test_api import post
 
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}

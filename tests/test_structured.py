@@ -28,7 +28,9 @@ from batcher.sequence import Sequence
 from service import create_app, shutdown
 from service.config import Config
 from service.errors import InvalidRequest
-from service.structured import cache_limit_bytes, compile_params, parse_structured
+from service.protocol import validate
+from service.protocol.sampling import Sampling
+from service.structured import cache_limit_bytes, compile_params
 from tests.conftest import KEY, auth, wait_until
 from tests.test_api import post
 
@@ -306,6 +308,11 @@ def test_a_schema_keyword_xgrammar_does_not_enforce_is_a_400_on_both_engines(ser
     assert r.status_code == 400 and r.json()["error"]["param"] == "structured_outputs", r.text
     assert "xgrammar" in r.json()["error"]["message"]
     assert nothing_left(server)
+
+
+def parse_structured(body: dict):
+    """The body's constraint as its model reads it, not compiled yet."""
+    return validate(Sampling, body, Config()).to_sampling_params(Config()).structured
 
 
 @pytest.mark.parametrize(

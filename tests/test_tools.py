@@ -17,6 +17,8 @@ import pytest
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field
 
+from service.protocol import validate
+from service.protocol.chat import Chat
 from service.tools import parser as tool_replies
 from service.tools import prompt as tool_prompt
 from service.tools import spec as service_tools
@@ -252,8 +254,13 @@ def test_unimplemented_responses_fields_are_a_400_naming_them(server, sdk, field
 # --- the parts without a server: the grammar's bounds, the prompt, the parse back
 
 
+def parse_tools(**fields):
+    """The tools of a chat body, as its model parses them (service/tools/spec.py's `collect`)."""
+    return validate(Chat, {"messages": [{"role": "user", "content": "hi"}], **fields}, None).function_tools
+
+
 def test_the_decoder_streams_what_the_whole_reply_parses_to():
-    tools = service_tools.parse({"tools": TOOLS})  # auto
+    tools = parse_tools(tools=TOOLS)  # auto
     for text in (
         '{"tool_call":{"name":"add","arguments":{"a":2,"b":3}}}',
         '{"response":"It is \\"sunny\\" in Montr\\u00e9al.\\n"}',
@@ -269,7 +276,7 @@ def test_the_decoder_streams_what_the_whole_reply_parses_to():
 
 
 def test_a_reply_cut_short_is_text_not_a_call():
-    tools = service_tools.parse({"tools": TOOLS, "tool_choice": "required"})
+    tools = parse_tools(tools=TOOLS, tool_choice="required")
     cut = '{"tool_call":{"name":"add","arguments":{"a":2'
     assert tool_replies.parse(cut, tools) == (cut, None)
 
@@ -283,7 +290,7 @@ def test_free_strings_and_arrays_get_a_bound_and_the_rest_is_kept():
 
 
 def test_the_prompt_states_the_tools_and_writes_the_tool_turns_in_our_format():
-    tools = service_tools.parse({"tools": TOOLS, "tool_choice": "auto"})
+    tools = parse_tools(tools=TOOLS, tool_choice="auto")
     call = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a":1,"b":2}'}}
     history = [
         {"role": "user", "content": "1+2?"},

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, current_app, render_template
+from flask import Blueprint, current_app, render_template, request
 
 from batcher.sampling import SamplingParams
+from service.demo import routes
 from service.demo.race import MODES, Race
-from service.http import auth, sse
-from service.http import body as schema
-from service.protocol import demo as bodies
+from service.http import auth, lookup, sse
+from service.http.body import json_body
+from service.protocol import validate
+from service.protocol.demo import Race as RaceBody
 
 bp = Blueprint("page", __name__)
 
@@ -41,10 +43,12 @@ def race():
     """Body: {"engine": "static"|"vllm", "mode": "concurrent"|"batch", "prompts": [...],
     "max_tokens"?, "ignore_eos"?}. Server-sent events, one per event of each prompt's reply."""
     auth.require_api_key()  # once for the race: the page itself stays open, its feed does not
-    req = schema.from_request(bodies.Race)  # the generate routes' own checks, and the engine and mode
-    eng = current_app.extensions["engines"][req.body.engine]
+    served = lookup.served()
+    body = validate(RaceBody, json_body(request), served.config)  # the generate routes' checks, the engine, the mode
+    plan = routes.plan(body, served)
+    eng = lookup.engine(body.engine)
     eng.check_available()  # 503 now, before the feed: loading, failed, disabled, draining
     # the page's two knobs; every other field at its neutral default, greedy
-    params = SamplingParams(max_tokens=req.params.max_tokens, ignore_eos=req.params.ignore_eos)
-    feed = Race(eng, req.body.mode or MODES[0], req.prompts, params, current_app.config["SERVICE"].request_timeout_s)
+    params = SamplingParams(max_tokens=plan.params.max_tokens, ignore_eos=plan.params.ignore_eos)
+    feed = Race(eng, body.mode or MODES[0], plan.prompts, params, served.config.request_timeout_s)
     return sse.response(iter(feed))

@@ -2,7 +2,7 @@
 
 The feed hands the prompts to the engine itself, as the generate routes do (`fan_out`, the
 engine's `submit()`), and multiplexes what comes back in the demo streams' own events
-(demo_replies.py), each tagged with the prompt's `index` and `t_ms`, milliseconds since the
+(replies.py), each tagged with the prompt's `index` and `t_ms`, milliseconds since the
 race began (one clock for all rows), after a `{"index", "t_ms", "sent": true}`:
 
 - `concurrent`: N one-prompt requests, each submitted on its own, as N clients of
@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from batcher.errors import EngineError
 from batcher.sampling import SamplingParams
 from batcher.sequence import Sequence
-from service.demo import replies as demo_replies
+from service.demo import replies
 from service.errors import log_unexpected
 from service.generation import Engine, deadline_exceeded, fan_out
 from service.http import sse
@@ -53,7 +53,7 @@ class Race:
         return sse.event({"index": index, "t_ms": t_ms, **payload})
 
     def _refused(self, exc: Exception) -> dict:
-        payload = demo_replies.error(exc)
+        payload = replies.error(exc)
         log_unexpected(exc, payload["status"])
         return payload
 
@@ -103,16 +103,16 @@ class Race:
                 index = rows[seq.id]
                 if seq.id not in entered and seq.started_at is not None:  # the details event first
                     entered.add(seq.id)
-                    yield self._event(index, demo_replies.started(seq), at=seq.started_at)
+                    yield self._event(index, replies.started(seq), at=seq.started_at)
                 if text is not None:
-                    yield self._event(index, demo_replies.piece(seq, text))
+                    yield self._event(index, replies.piece(seq, text))
                 else:
-                    yield self._event(index, demo_replies.ended(seq))
+                    yield self._event(index, replies.ended(seq))
                     del rows[seq.id]
             stop = self._interrupted() if rows else None
             if stop is not None:
                 for seq_id, index in rows.items():
-                    yield self._event(index, {"sequence_id": seq_id, **demo_replies.error(stop)})
+                    yield self._event(index, {"sequence_id": seq_id, **replies.error(stop)})
                 return
 
     def _batch(self) -> Iterator[str]:
@@ -132,8 +132,8 @@ class Race:
             while not seq.done.wait(self._wait_s()):
                 stop = self._interrupted()
                 if stop is not None:
-                    yield from (self._event(index, demo_replies.error(stop)) for index in indices)
+                    yield from (self._event(index, replies.error(stop)) for index in indices)
                     return
         error = next((seq.error for seq in seqs if seq.error is not None), None)
         for index, seq in enumerate(seqs):  # one failed prompt fails the request, as on /generate
-            yield self._event(index, demo_replies.error(error) if error else {**demo_replies.detail(seq), "done": True})
+            yield self._event(index, replies.error(error) if error else {**replies.detail(seq), "done": True})

@@ -12,7 +12,7 @@ from service import batching
 from service.errors import ApiError, describe, error_body, message
 from service.generation import Pieces
 from service.http import sse
-from service.http.body import GenerateRequest
+from service.plan import Plan
 
 # what a stream's first event (with `details`) says: what is known once the sequence has entered
 START_DETAILS = ("sequence_id", "round", "batch_size", "batch_shape", "queue_ms")
@@ -48,16 +48,16 @@ def token_logprobs(seq: Sequence) -> list[dict]:
     ]
 
 
-def reply(seqs: list[Sequence], req: GenerateRequest, *, single: bool = False) -> Response:
+def reply(seqs: list[Sequence], plan: Plan, *, single: bool = False) -> Response:
     """The JSON answer, completions in prompt order (no prompt echo; with n > 1, each prompt's n
     in a row), a "logprobs" list per text when asked, with timing headers."""
     if single:
         body = {"generated_text": seqs[0].text}
     else:
         body = {"generated_texts": [seq.text for seq in seqs]}
-    if req.params.logprobs is not None:
+    if plan.logprobs:
         body["logprobs"] = token_logprobs(seqs[0]) if single else [token_logprobs(seq) for seq in seqs]
-    if req.details:
+    if plan.details:
         body["details"] = [detail(seq) for seq in seqs]
     response = jsonify(body)
     # the longest wait and the longest run among the request's prompts, in seconds

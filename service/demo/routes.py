@@ -5,14 +5,18 @@ contract. Each registration is a blueprint named for its engine (the name that m
 request log and auth go by, service/__init__.py's GENERATE_BLUEPRINTS).
 """
 
-from flask import Blueprint, Flask
+from __future__ import annotations
+
+from flask import Blueprint, Flask, request
 from flask.blueprints import BlueprintSetupState
 
-from service import generation
-from service.demo import replies as demo_replies
-from service.http import auth, sse
-from service.http import body as schema
-from service.protocol.demo import Single
+from service import context, generation
+from service.demo import replies
+from service.http import auth, lookup, sse
+from service.http.body import json_body
+from service.plan import Plan, Served
+from service.protocol import validate
+from service.protocol.demo import Generate, Single
 
 ROUTES = {  # engine -> {view: its URL}
     "static": {"generate": "/generate", "basic_generate": "/basic_generate", "generate_stream": "/generate_stream"},
@@ -27,24 +31,41 @@ def register(app: Flask) -> None:
         app.register_blueprint(bp, name=engine, url_defaults={"engine": engine})
 
 
+def plan(req: Generate | Single, served: Served) -> Plan:
+    """A demo request's plan: its prompt(s) checked against the context length, greedy unless asked."""
+    params = req.to_sampling_params(served.config)
+    key = "prompt" if isinstance(req, Single) else "prompts"
+    prompts = context.fit(
+        [req.prompt] if key == "prompt" else req.prompts, truncate=req.truncate_prompt_tokens,
+        max_tokens=params.max_tokens, param=key, tokenizer=served.tokenizer, config=served.config,
+    )  # fmt: skip
+    return Plan(prompts=prompts, params=params, n=req.n or 1, details=bool(req.details), max_queue_ms=req.max_queue_ms)
+
+
+def read(model: type[Generate | Single]) -> Plan:
+    """The request's body as `model` (unknown fields, types and ranges checked there), planned."""
+    served = lookup.served()
+    return plan(validate(model, json_body(request), served.config), served)
+
+
 def generate(engine: str):
-    req = schema.from_request()
-    seqs = generation.complete(generation.engine(engine), req.prompts, req.params, req.n)
-    return demo_replies.reply(seqs, req)
+    p = read(Generate)
+    seqs = generation.complete(lookup.run(engine, p.max_queue_ms), p.prompts, p.params, p.n)
+    return replies.reply(seqs, p)
 
 
 def basic_generate(engine: str):
     """One prompt, run as a round of its own on the same model thread: the unbatched baseline.
     It waits its turn like any prompt, but never shares its round, whatever else is waiting."""
-    req = schema.from_request(Single)
-    seqs = generation.complete(generation.engine(engine), req.prompts, req.params, solo=True)
-    return demo_replies.reply(seqs, req, single=True)
+    p = read(Single)
+    seqs = generation.complete(lookup.run(engine, p.max_queue_ms), p.prompts, p.params, solo=True)
+    return replies.reply(seqs, p, single=True)
 
 
 def generate_stream(engine: str):
-    req = schema.from_request(Single)
-    pieces = generation.Pieces(generation.engine(engine), req.prompts[:1], req.params, until_entered=req.details)
-    return sse.response(demo_replies.events(pieces, details=req.details, logprobs=req.params.logprobs is not None))
+    p = read(Single)
+    pieces = generation.Pieces(lookup.run(engine, p.max_queue_ms), p.prompts, p.params, until_entered=p.details)
+    return sse.response(replies.events(pieces, details=p.details, logprobs=p.logprobs))
 
 
 VIEWS = {"generate": generate, "basic_generate": basic_generate, "generate_stream": generate_stream}

@@ -8,17 +8,10 @@ from __future__ import annotations
 
 import math
 
-from flask import request
-
 from batcher.predict import Prediction
-from service.errors import ApiError
+from service.errors import InvalidDeadline
 
 HEADER = "X-Max-Queue-Ms"
-FIELD = "max_queue_ms"
-
-
-class InvalidDeadline(ApiError):
-    status, type = 400, "invalid_request"
 
 
 def _header_milliseconds(text: str) -> float:
@@ -26,26 +19,17 @@ def _header_milliseconds(text: str) -> float:
         value = float(text.strip())
     except ValueError:
         raise InvalidDeadline(f"'{HEADER}' must be a number of milliseconds, got {text!r}", param=HEADER) from None
-    return _milliseconds(value, HEADER)
-
-
-def _milliseconds(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):  # a JSON string is not a number
-        raise InvalidDeadline(f"'{name}' must be a number of milliseconds, got {value!r}", param=name)
     if not math.isfinite(value) or value < 0:
-        raise InvalidDeadline(f"'{name}' must be a finite number >= 0, got {value!r}", param=name)
-    return float(value)
+        raise InvalidDeadline(f"'{HEADER}' must be a finite number >= 0, got {value!r}", param=HEADER)
+    return value
 
 
-def max_ttft_s() -> float | None:
-    """The current request's deadline for its first token in seconds, None without one. The
-    body is the one the view parsed already (Flask caches it); a GET has none."""
-    limits = []
-    if HEADER in request.headers:
-        limits.append(_header_milliseconds(request.headers[HEADER]))
-    body = request.get_json(force=True, silent=True) if request.method == "POST" else None
-    if isinstance(body, dict) and body.get(FIELD) is not None:
-        limits.append(_milliseconds(body[FIELD], FIELD))
+def max_ttft_s(headers, body_ms: float | None) -> float | None:
+    """The request's deadline for its first token in seconds, None without one: the lower of the
+    X-Max-Queue-Ms header and the body's `max_queue_ms` (its model checked it)."""
+    limits = [] if body_ms is None else [body_ms]
+    if HEADER in headers:
+        limits.append(_header_milliseconds(headers[HEADER]))
     return min(limits) / 1000 if limits else None
 
 

@@ -1,41 +1,17 @@
 """A request body read once: JSON, nested at most MAX_JSON_DEPTH deep, every string encodable
-text (`json_body`, every route that takes a body); the demo routes' bodies as their models
-(service/protocol/demo.py) and the engines' prompts (`parse`)."""
+text (`json_body`, every route that takes a body). Its model (service/protocol/) checks the rest."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from flask import Request, current_app, request
+from flask import Request
 from werkzeug.exceptions import BadRequest
 
-from batcher.sampling import SamplingParams
-from batcher.sequence import Prompt
-from service import context
-from service import protocol as bodies
-from service.config import Config
 from service.errors import InvalidJson, InvalidRequest, InvalidText
-from service.params import parse_sampling
-from service.protocol import demo
 
 # What parses below Python's recursion limit can still be too deep for what reads it later (a
 # schema's validator, the grammar compiler, recursive code): a body nests at most this much,
 # room for a JSON schema some 45 properties deep inside `response_format`.
 MAX_JSON_DEPTH = 100
-
-
-# Every field the demo routes read, besides their prompt(s): our own API, so a name outside it is
-# a typo (400, with the nearest known name), where the OpenAI routes follow vLLM and ignore it.
-DEMO_FIELDS = frozenset(bodies.names(demo.Generate)) - {"prompts"}
-
-
-@dataclass(frozen=True)
-class GenerateRequest:
-    prompts: list[Prompt]  # as the engines run them (service/context.py)
-    params: SamplingParams
-    details: bool = False
-    n: int = 1  # completions per prompt, each its own sequence
-    body: demo.Generate | demo.Single | None = None  # the body as its model read it
 
 
 def json_body(request: Request) -> dict:
@@ -89,30 +65,3 @@ def _check_text(text: str, where: str, *, name: bool = False) -> None:
         raise InvalidText(
             f"{what} is not valid Unicode text: {exc.reason} at character {exc.start}", param=param
         ) from None
-
-
-def completion_prompts(prompt) -> list[Prompt]:
-    """/completions' `prompt` (service/protocol/openai.py's `Completion` checked its shape: a
-    string, strings, token ids or lists of them) as a list of prompts; token ids become tuples,
-    whether they are in the vocabulary only the engine knows (EngineThread._check_token_ids)."""
-    if isinstance(prompt, str):
-        return [prompt]
-    if all(isinstance(p, str) for p in prompt):
-        return list(prompt)
-    return [tuple(ids) for ids in ([prompt] if all(isinstance(t, int) for t in prompt) else prompt)]
-
-
-def parse(request: Request, config: Config, model: type[demo.Generate | demo.Single]) -> GenerateRequest:
-    """The body as `model` (service/protocol/demo.py): unknown fields, types and ranges checked there."""
-    body = json_body(request)
-    fields = bodies.validate(model, body, config)
-    key = "prompt" if isinstance(fields, demo.Single) else "prompts"
-    prompts = [fields.prompt] if key == "prompt" else fields.prompts
-    params = parse_sampling(body, config, default_temperature=0.0)
-    prompts = context.fit(prompts, body, params.max_tokens, key)
-    return GenerateRequest(prompts=prompts, params=params, details=bool(fields.details), n=fields.n or 1, body=fields)
-
-
-def from_request(model: type[demo.Generate | demo.Single] = demo.Generate) -> GenerateRequest:
-    """Parse the current Flask request with the app's settings."""
-    return parse(request, current_app.config["SERVICE"], model)

@@ -1,5 +1,6 @@
-"""Chat messages as the chat template reads them, and their rendering: one for both engines, the
-chat route, the Responses route and /tokenize.
+"""A chat conversation's rendering, one for both engines, the chat route, the Responses route
+and /tokenize (the messages come from the request's model, service/protocol/chat.py), and a chat
+request's plan.
 
 The template is the model's own, or the file CHAT_TEMPLATE names (as vLLM's `--chat-template`).
 A template that reads `tools` renders the tools and the tool turns itself (transformers'
@@ -9,60 +10,19 @@ format (service/tools/prompt.py).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jinja2
 import jinja2.meta
-from flask import current_app
 
+from service import context
 from service.errors import InvalidRequest
+from service.openai import echo
+from service.plan import Plan, Served
+from service.protocol.chat import Chat
 from service.tools import prompt as tool_prompt
 from service.tools.spec import Tools
-
-
-def _text(i: int, content, *, nullable: bool = False) -> str | None:
-    if content is None and nullable:
-        return None
-    if isinstance(content, list):  # content parts: only text ones have meaning for this model
-        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
-            raise InvalidRequest(f"'messages[{i}].content' parts must be text parts", param="messages")
-        content = "".join(part["text"] for part in content)
-    if not isinstance(content, str):
-        raise InvalidRequest(f"'messages[{i}].content' must be a string or a list of text parts", param="messages")
-    return content
-
-
-def _tool_call(i: int, call) -> dict:
-    fn = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(fn.get("arguments"), str):
-        rule = "{'id', 'type': 'function', 'function': {'name', 'arguments' (JSON text)}}"
-        raise InvalidRequest(f"'messages[{i}].tool_calls' items must be {rule}", param="messages")
-    call_id = call.get("id") if isinstance(call.get("id"), str) else ""
-    return {"id": call_id, "type": "function", "function": {"name": fn["name"], "arguments": fn["arguments"]}}
-
-
-def _message(i: int, message) -> dict:
-    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-        raise InvalidRequest(f"'messages[{i}]' must be an object with a 'role'", param="messages")
-    role, calls = message["role"], message.get("tool_calls")
-    if calls is not None and (role != "assistant" or not isinstance(calls, list)):
-        raise InvalidRequest(f"'messages[{i}].tool_calls' must be a list, on an assistant message", param="messages")
-    out = {"role": role, "content": _text(i, message.get("content"), nullable=bool(calls))}
-    if calls:
-        out["tool_calls"] = [_tool_call(i, call) for call in calls]
-    if role == "tool":
-        if not isinstance(message.get("tool_call_id"), str):
-            raise InvalidRequest(f"'messages[{i}]': a tool message needs its 'tool_call_id'", param="messages")
-        out["tool_call_id"] = message["tool_call_id"]
-    return out
-
-
-def messages(messages) -> list[dict]:
-    """The messages as the chat template reads them: role and text content, and an assistant's
-    `tool_calls` or a tool message's `tool_call_id`."""
-    if not isinstance(messages, list) or not messages:
-        raise InvalidRequest("'messages' must be a non-empty list", param="messages")
-    return [_message(i, m) for i, m in enumerate(messages)]
 
 
 @functools.cache
@@ -80,22 +40,28 @@ def reads_tools(template: str) -> bool:
         return "tools" in template
 
 
-def render(messages: list[dict], tools: Tools | None = None, *, add_generation_prompt: bool = True) -> str:
-    """The chat template (CHAT_TEMPLATE's, or the model's own), the same rendering for both
-    engines (and /tokenize); `tools`: the request's, when it has some."""
-    tokenizer = current_app.extensions["tokenizer"]()
-    path = current_app.config["SERVICE"].chat_template
-    template = _template_file(path) if path else tokenizer.chat_template
-    if not template:
+def template(served: Served) -> str:
+    """CHAT_TEMPLATE's file, or the model's own template; a 400 where there is neither."""
+    path = served.config.chat_template
+    text = _template_file(path) if path else served.tokenizer.chat_template
+    if not text:
         raise InvalidRequest("this model has no chat template: use /completions with a prompt", param="messages")
-    kwargs = {"tokenize": False, "add_generation_prompt": add_generation_prompt, "chat_template": template}
-    if reads_tools(template):
+    return text
+
+
+def render(served: Served, messages: list[dict], tools: Tools | None = None, *, add_generation_prompt=True) -> str:
+    """The chat template (CHAT_TEMPLATE's, or the model's own), the same rendering for both
+    engines (and /tokenize); `messages` as the template reads them (the request model's
+    `template_messages`); `tools`: the request's, when it has some."""
+    text = template(served)
+    kwargs = {"tokenize": False, "add_generation_prompt": add_generation_prompt, "chat_template": text}
+    if reads_tools(text):
         tool_list = tool_prompt.openai_tools(tools) if tools is not None and tools.constrained else None
-        return tokenizer.apply_chat_template(messages, tools=tool_list, **kwargs)
-    return tokenizer.apply_chat_template(tool_prompt.plain(messages, tools), **kwargs)
+        return served.tokenizer.apply_chat_template(messages, tools=tool_list, **kwargs)
+    return served.tokenizer.apply_chat_template(tool_prompt.plain(messages, tools), **kwargs)
 
 
-def head(messages: list[dict], tools: Tools | None = None) -> str:
+def head(served: Served, messages: list[dict], tools: Tools | None = None) -> str:
     """The start of the rendering that a cut must leave whole (service/context.py): everything
     before the first non-system message's content, i.e. the system turn and the user's role
     marker (and, with tools, the turn that states them), found by rendering that message with a
@@ -103,5 +69,35 @@ def head(messages: list[dict], tools: Tools | None = None) -> str:
     first = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages) - 1)
     marker = "\x00head\x00"  # text no message has (a NUL is refused nowhere, but no one sends it)
     marked = [*messages[:first], {**messages[first], "content": marker}]
-    rendered = render(marked, tools, add_generation_prompt=False)
+    rendered = render(served, marked, tools, add_generation_prompt=False)
     return rendered[: rendered.index(marker)] if marker in rendered else ""
+
+
+def prompt(served: Served, messages: list[dict], tools: Tools | None, params, truncate: int | None, param: str):
+    """The one prompt a chat conversation runs as: rendered, checked against the context length
+    and cut where `truncate_prompt_tokens` asks, its head whole. Chat and Responses run it."""
+    rendered = render(served, messages, tools)
+    heads = [head(served, messages, tools)]
+    return context.fit(
+        [rendered], truncate=truncate, max_tokens=params.max_tokens, param=param,
+        tokenizer=served.tokenizer, config=served.config, heads=heads,
+    )  # fmt: skip
+
+
+def plan(req: Chat, served: Served) -> Plan:
+    """A chat request's plan: its one rendered prompt, its parameters, and how it is answered."""
+    params = req.to_sampling_params(served.config)
+    prompts = prompt(served, req.template_messages, req.function_tools, params, req.truncate_prompt_tokens, "messages")
+    echoed = echo.for_chat(req.template_messages, req.top_logprobs) if req.echo else None
+    return Plan(
+        prompts=prompts,
+        params=dataclasses.replace(params, prompt_logprobs=echo.prompt_logprobs(echoed, params, req.prompt_logprobs)),
+        n=req.n or 1,
+        stream=bool(req.stream),
+        include_usage=req.include_usage,
+        continuous_usage=req.continuous_usage,
+        echo=echoed,
+        tools=req.function_tools,
+        details=bool(req.details),
+        max_queue_ms=req.max_queue_ms,
+    )

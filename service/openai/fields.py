@@ -24,7 +24,10 @@ from pydantic import BaseModel
 
 from service.errors import InvalidRequest
 from service.protocol import names
-from service.protocol.openai import Chat, Completion, Detokenize, StreamOptions, TokenizeChat, TokenizeText
+from service.protocol.chat import Chat
+from service.protocol.completion import Completion
+from service.protocol.openai import StreamOptions
+from service.protocol.tokenize import Detokenize, TokenizeChat, TokenizeText
 
 log = logging.getLogger(__name__)
 

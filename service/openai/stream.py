@@ -11,29 +11,20 @@ from batcher.tokens import Piece
 from service import errors, generation
 from service.errors import ApiError
 from service.http import sse
-from service.openai.echo import Echo
 from service.openai.replies import usage
+from service.plan import Plan
 
 DONE = sse.event("[DONE]")
 
 
-def chunks(
-    pieces: generation.Pieces,
-    shape,
-    head: dict,
-    n: int,
-    usage_in: tuple[bool, bool],
-    want: bool,
-    echoed: Echo | None = None,
-) -> Iterator[str]:
+def chunks(pieces: generation.Pieces, shape, head: dict, plan: Plan) -> Iterator[str]:
     """One chunk per piece of text, a last one per choice with its finish_reason, the usage chunk
-    if asked, then [DONE]; an error after the first byte is an error event, then [DONE].
-    With logprobs, each chunk carries those of the tokens generated since the choice's last one.
-    `usage_in`: (a usage chunk at the end, usage in every chunk too: that choice's prompt and
-    its tokens so far, as vLLM's `continuous_usage_stats`). `echoed`: each choice's first chunk
-    starts with its echo (and its prompt's records), as vLLM's; with `echoed.only` the generated
-    token is not sent."""
-    include_usage, continuous = usage_in
+    if the plan asks (`include_usage`), then [DONE]; an error after the first byte is an error
+    event, then [DONE]. With logprobs, each chunk carries those of the tokens generated since the
+    choice's last one. `continuous_usage`: usage in every chunk too (that choice's prompt and its
+    tokens so far, as vLLM's `continuous_usage_stats`). An echo: each choice's first chunk starts
+    with it (and its prompt's records), as vLLM's; with `echo.only` the generated token is not sent."""
+    n, want, echoed, continuous = plan.n, plan.logprobs, plan.echo, plan.continuous_usage
     index = {seq.id: i for i, seq in enumerate(pieces.seqs)}
     sent_records = dict.fromkeys(index, 0)
     sent_chars = dict.fromkeys(index, 0)
@@ -83,7 +74,7 @@ def chunks(
                 out = chunk(seq, "", seq.finish_reason)
             if out is not None:
                 yield out
-        if include_usage:
+        if plan.include_usage:
             yield sse.event({**head, "choices": [], "usage": usage(pieces.seqs, n)})
         yield DONE
     except (ApiError, EngineError) as exc:

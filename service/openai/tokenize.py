@@ -10,16 +10,14 @@ tokenizer's that both engines run, the chat rendering the chat route's (`service
 
 from __future__ import annotations
 
-from flask import Blueprint, Flask, current_app, jsonify, request
+from flask import Blueprint, Flask, jsonify, request
 
-from service import errors, generation
-from service import protocol as bodies
-from service.http import auth
-from service.http import body as schema
-from service.openai import chat
-from service.openai import fields as openai_fields
-from service.openai import routes as openai_api
-from service.protocol.openai import Detokenize, TokenizeChat, TokenizeText
+from service import errors
+from service.http import auth, lookup
+from service.http.body import json_body
+from service.openai import chat, fields
+from service.protocol import validate
+from service.protocol.tokenize import Detokenize, TokenizeChat, TokenizeText
 
 bp = auth.protect(Blueprint("tokenize", __name__))
 errors.register_openai(bp)
@@ -36,43 +34,39 @@ def register(app: Flask) -> None:
 def _engine_available() -> None:
     """A loading, failed, disabled or stopping engine answers 503 with the reason, as on `/v1`:
     the ids are the ones that engine would run."""
-    generation.engine(request.view_args["engine"]).check_available()
-
-
-def _tokenizer():
-    return current_app.extensions["tokenizer"]()
+    lookup.engine(request.view_args["engine"]).check_available()
 
 
 @bp.post("/tokenize")
 def tokenize(engine: str):
-    body = schema.json_body(request)
+    body = json_body(request)
     is_chat = "messages" in body  # vLLM's union: a body with `messages` is a chat request
-    openai_fields.check(body, "tokenize_chat" if is_chat else "tokenize")
-    fields = bodies.validate(TokenizeChat if is_chat else TokenizeText, body, current_app.config["SERVICE"])
-    openai_api.check_model(body)
+    fields.check(body, "tokenize_chat" if is_chat else "tokenize")
+    served = lookup.served()
+    req = validate(TokenizeChat if is_chat else TokenizeText, body, served.config)
+    served.check_model(req.model)
     if is_chat:
-        generation_prompt = _or(fields.add_generation_prompt, True)
-        text = chat.render(chat.messages(body["messages"]), add_generation_prompt=generation_prompt)
-        add_special_tokens = _or(fields.add_special_tokens, False)  # the template has them
+        generation_prompt = _or(req.add_generation_prompt, True)
+        text = chat.render(served, req.template_messages, add_generation_prompt=generation_prompt)
+        add_special_tokens = _or(req.add_special_tokens, False)  # the template has them
     else:
-        text, add_special_tokens = fields.prompt, _or(fields.add_special_tokens, True)
-    tokenizer = _tokenizer()
-    ids = tokenizer(text, add_special_tokens=add_special_tokens).input_ids
-    config = current_app.config["SERVICE"]
-    reply = {"count": len(ids), "max_model_len": config.max_model_len, "tokens": ids, "token_strs": None}
-    if fields.return_token_strs:
-        reply["token_strs"] = tokenizer.convert_ids_to_tokens(ids)
+        text, add_special_tokens = req.prompt, _or(req.add_special_tokens, True)
+    ids = served.tokenizer(text, add_special_tokens=add_special_tokens).input_ids
+    reply = {"count": len(ids), "max_model_len": served.config.max_model_len, "tokens": ids, "token_strs": None}
+    if req.return_token_strs:
+        reply["token_strs"] = served.tokenizer.convert_ids_to_tokens(ids)
     return jsonify(reply)
 
 
 @bp.post("/detokenize")
 def detokenize(engine: str):
-    body = schema.json_body(request)
-    openai_fields.check(body, "detokenize")
-    ids = bodies.validate(Detokenize, body, current_app.config["SERVICE"]).tokens
-    openai_api.check_model(body)
-    generation.engine(engine).check_token_ids(ids, "tokens")  # what a token-id prompt may name
-    return jsonify({"prompt": _tokenizer().decode(ids)})
+    body = json_body(request)
+    fields.check(body, "detokenize")
+    served = lookup.served()
+    req = validate(Detokenize, body, served.config)
+    served.check_model(req.model)
+    lookup.engine(engine).check_token_ids(req.tokens, "tokens")  # what a token-id prompt may name
+    return jsonify({"prompt": served.tokenizer.decode(req.tokens)})
 
 
 def _or(value: bool | None, default: bool) -> bool:

@@ -17,8 +17,7 @@ from flask import Blueprint, Flask, current_app, jsonify
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from service.protocol import demo, limits
-from service.protocol import openai as bodies
+from service.protocol import chat, completion, demo, limits, responses, tokenize
 
 bp = Blueprint("openapi", __name__)
 
@@ -29,11 +28,11 @@ BODIES: dict[str, tuple[type[BaseModel], ...]] = {
     "basic_generate": (demo.Single,),
     "generate_stream": (demo.Single,),
     "race": (demo.Race,),
-    "completions": (bodies.Completion,),
-    "chat_completions": (bodies.Chat,),
-    "create_response": (bodies.Responses,),
-    "tokenize": (bodies.TokenizeText, bodies.TokenizeChat),  # vLLM's union: `messages` makes it chat
-    "detokenize": (bodies.Detokenize,),
+    "completions": (completion.Completion,),
+    "chat_completions": (chat.Chat,),
+    "create_response": (responses.Responses,),
+    "tokenize": (tokenize.TokenizeText, tokenize.TokenizeChat),  # vLLM's union: `messages` makes it chat
+    "detokenize": (tokenize.Detokenize,),
 }
 STREAMS = {"generate_stream", "race"}  # server-sent events, always
 MAY_STREAM = {"completions", "chat_completions", "create_response"}  # with `stream: true`

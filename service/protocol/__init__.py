@@ -19,9 +19,7 @@ from typing import TypeVar
 from pydantic import BaseModel, ValidationError
 
 from service.config import Config
-from service.errors import InvalidRequest, UnknownField
-from service.http.admission import FIELD as MAX_QUEUE_MS
-from service.http.admission import InvalidDeadline
+from service.errors import InvalidDeadline, InvalidRequest, UnknownField
 
 Body = TypeVar("Body", bound=BaseModel)
 TAGS = {"str", "int", "float", "bool", "dict", "list", "none", "literal"}  # union members in a loc
@@ -48,7 +46,7 @@ def validate(model: type[Body], body: dict, config: Config) -> Body:
     path = _path(own[0]["loc"])
     why = " or ".join(dict.fromkeys(_lower(e["msg"]) for e in own))
     got = "" if own[0]["type"] == "missing" else f", got {_short(own[0]['input'])}"
-    cls = InvalidDeadline if field == MAX_QUEUE_MS else InvalidRequest
+    cls = InvalidDeadline if field == "max_queue_ms" else InvalidRequest  # as X-Max-Queue-Ms is refused
     message = f"'{path}' is required" if own[0]["type"] == "missing" else f"'{path}': {why}{got}"
     raise cls(message, param=str(field))
 

@@ -4,17 +4,27 @@ tests/test_bodies.py checks against these declarations.
 
 Strict, as JSON is: a JSON true is not the number 1, "5" is not 5, 2.0 is not an integer; NaN
 and Infinity (which Python's JSON parser reads) are no numbers. Absent or null: the default
-(service/params.py fills it in). The bounds that are settings are `AtMost` (limits.py).
+(`to_sampling_params` fills it in). The bounds that are settings are `AtMost` (limits.py).
+
+Rules that span fields are the model's own validator (`_across_fields`), run once the fields are
+valid; each raises the API's `InvalidRequest` naming the field (pydantic's error for a model
+validator names none). The validation context carries the app's `Config` (service/protocol/
+__init__.py's `validate`); without one (a unit test), the rules that need a setting are skipped.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, model_validator
 from pydantic_core import PydanticCustomError
 
+from batcher.grammar import StructuredSpec
+from batcher.sampling import SamplingParams
+from service import structured
+from service.config import Config
+from service.errors import InvalidRequest
 from service.protocol.limits import (
     MAX_CHOICE_CHARS,
     MAX_CHOICES,
@@ -130,3 +140,55 @@ class Sampling(Strict):
         None, description="the most the request will wait for its first token"
     )
     details: Flag | None = Field(None, description="what batching cost each prompt")
+
+    DEFAULT_TEMPERATURE: ClassVar[float] = 0.0  # the demo routes: greedy unless asked
+    # the fields that go to SamplingParams as they are, when given
+    AS_GIVEN: ClassVar[tuple[str, ...]] = tuple(
+        """temperature top_p ignore_eos seed presence_penalty frequency_penalty repetition_penalty top_k min_p
+        min_tokens""".split()
+    )
+    _spec: StructuredSpec | None = PrivateAttr(None)  # the reply's constraint, checked, not compiled
+
+    @model_validator(mode="after")
+    def _across_fields(self, info: ValidationInfo):
+        self.check_across_fields((info.context or {}).get("config"))
+        return self
+
+    def check_across_fields(self, config: Config | None) -> None:
+        """`min_tokens` within the token budget, then the constraint (a subclass adds its rules first)."""
+        budget = self.token_budget(config)
+        if budget is not None and (self.min_tokens or 0) > budget:
+            rule = f"in 0..max_tokens ({budget})"
+            raise InvalidRequest(f"'min_tokens' must be {rule}, got {self.min_tokens}", param="min_tokens")
+        self._spec = self.constraint(config)
+        structured.check_free_end(self._spec, self.ignore_eos, self.min_tokens)
+
+    def token_budget(self, config: Config | None) -> int | None:
+        """The most tokens to generate: `max_tokens`, else MAX_NEW_TOKENS (None without a config)."""
+        if self.max_tokens is not None:
+            return self.max_tokens
+        return None if config is None else config.max_new_tokens
+
+    def constraint(self, config: Config | None) -> StructuredSpec | None:
+        """What the reply is held to: `response_format` or `structured_outputs` (service/structured.py)."""
+        return structured.constraint(self.response_format, self.structured_outputs)
+
+    def sampled_logprobs(self) -> int | None:
+        """Top alternatives per generated token; None: no logprobs."""
+        return self.logprobs
+
+    def to_sampling_params(self, config: Config) -> SamplingParams:
+        """What the engines take for each prompt: absent fields at their neutral defaults, the
+        temperature at the API's (DEFAULT_TEMPERATURE), the grammar not compiled yet."""
+        given = {name: getattr(self, name) for name in self.AS_GIVEN if getattr(self, name) is not None}
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        bias = {int(token): value for token, value in (self.logit_bias or {}).items()}
+        return SamplingParams(
+            **{"temperature": self.DEFAULT_TEMPERATURE, **given},
+            max_tokens=self.token_budget(config),
+            logprobs=self.sampled_logprobs(),
+            stop=tuple(dict.fromkeys(stops)),
+            stop_token_ids=tuple(dict.fromkeys(self.stop_token_ids or ())),
+            logit_bias=tuple(sorted(bias.items())),
+            structured=self._spec,
+        )

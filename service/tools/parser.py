@@ -16,8 +16,6 @@ import uuid
 from dataclasses import dataclass, field
 
 from batcher.sequence import Sequence
-from batcher.tokens import TokenLogprob
-from service.openai.replies import ChatShape
 from service.tools.spec import Tools
 
 CALL_HEAD = re.compile(r'^\{"tool_call":\{"name":"([a-zA-Z0-9_-]+)","arguments":')
@@ -118,46 +116,3 @@ def _whole(text: str) -> bool:
 def finish_reason(seq: Sequence, call: dict | None) -> str | None:
     """OpenAI's: "tool_calls" when the reply is a whole call."""
     return "tool_calls" if call is not None and seq.finish_reason == "stop" else seq.finish_reason
-
-
-class ToolChatShape(ChatShape):
-    """/chat/completions with tools: `message.tool_calls` (content null), or the text answer; in
-    a stream, OpenAI's tool-call deltas: the first with index, id, type, the function's name and
-    arguments "", then argument fragments. One instance per request (it keeps each choice's
-    decoder)."""
-
-    def __init__(self, tools: Tools):
-        self.tools = tools
-        self.decoders: dict[int, Decoder] = {}
-
-    def choice(self, index: int, seq: Sequence, text: str, records: list[TokenLogprob] | None) -> dict:
-        content, call = parse(text, self.tools)
-        message = {"role": "assistant", "content": content}
-        if call is not None:
-            message["tool_calls"] = [call]
-        reason = finish_reason(seq, call)
-        return {"index": index, "message": message, "logprobs": self.logprobs(records), "finish_reason": reason}
-
-    def delta(self, index: int, text: str, records=None, offset: int = 0, finish_reason=None) -> list[dict]:
-        """One chunk's choice, or two where a call's head and its first arguments came together."""
-        decoder = self.decoders.setdefault(index, Decoder(self.tools))
-        events = decoder.feed(text)
-        if finish_reason is not None:
-            events += decoder.finish()
-            if decoder.name is not None and finish_reason == "stop":
-                finish_reason = "tool_calls"
-        deltas: list[dict] = []
-        for kind, part in events:
-            if kind == "call":
-                head = {"index": 0, "id": decoder.id, "type": "function", "function": {"name": part, "arguments": ""}}
-                deltas.append({"tool_calls": [head]})
-            elif kind == "arguments":
-                deltas.append({"tool_calls": [{"index": 0, "function": {"arguments": part}}]})
-            else:
-                deltas.append({"content": part})
-        if not deltas and finish_reason is None and not records:  # nothing known yet: no chunk
-            return []
-        choices = [{"index": index, "delta": d, "logprobs": None, "finish_reason": None} for d in deltas or [{}]]
-        choices[0]["logprobs"] = self.logprobs(records)
-        choices[-1]["finish_reason"] = finish_reason
-        return choices

@@ -30,7 +30,6 @@ TOOL_MAX_TOKENS = 128  # the default max_tokens of a request with tools (MAX_NEW
 STRING_MAX_LENGTH = 100  # characters, for a string argument whose schema sets no maxLength
 ARRAY_MAX_ITEMS = 16  # for an array argument whose schema sets no maxItems
 NO_PARAMETERS = {"type": "object", "properties": {}}
-CHOICES = ("none", "auto", "required")
 
 
 @dataclass(frozen=True)
@@ -51,36 +50,35 @@ def _bad(why: str, param: str = "tools") -> InvalidRequest:
     return InvalidRequest(why, param=param)
 
 
-def _function(i: int, tool: dict) -> dict:
-    """Its shape checked by service/protocol/openai.py's Tool; here, what only a schema check says."""
-    fn = tool["function"]
-    parameters = fn.get("parameters") or NO_PARAMETERS
+def _function(i: int, name: str, description: str | None, parameters: dict | None) -> dict:
+    """Its shape checked by the request's model (service/protocol/); here, what only a schema check says."""
+    parameters = parameters or NO_PARAMETERS
     schema_text(parameters, "tools")  # a valid JSON schema that xgrammar enforces, or a 400
     if parameters.get("type") != "object":
         raise _bad(f"'tools[{i}].function.parameters' must be a JSON schema of type 'object'")
-    return {"name": fn["name"], "description": fn.get("description") or "", "parameters": parameters}
+    return {"name": name, "description": description or "", "parameters": parameters}
 
 
-def parse(body: dict) -> Tools | None:
-    """The request's `tools` and `tool_choice` (their shapes checked by the route's model); None
-    without tools."""
-    tools, choice = body.get("tools"), body.get("tool_choice")
-    if tools is None or tools == []:
+def collect(
+    functions: list[tuple[str, str | None, dict | None]], choice: str | None, named: str | None
+) -> Tools | None:
+    """A request's tools, as (name, description, parameters) in its order, and its `tool_choice`
+    ("none", "auto", "required", or "named" with the function's name in `named`); None without
+    tools. Chat and Responses spell them differently (service/protocol/chat.py, responses.py)."""
+    if not functions:
         if choice not in (None, "none"):
             raise _bad("'tool_choice' needs 'tools'", "tool_choice")
         return None
-    functions: dict[str, dict] = {}
-    for i, tool in enumerate(tools):
-        fn = _function(i, tool)
-        if fn["name"] in functions:
-            raise _bad(f"'tools[{i}].function.name': '{fn['name']}' is declared twice")
-        functions[fn["name"]] = fn
-    if choice is None or choice in CHOICES:
-        return Tools(functions, choice or "auto")
-    named = choice["function"]["name"]
-    if named not in functions:
+    parsed: dict[str, dict] = {}
+    for i, (name, description, parameters) in enumerate(functions):
+        if name in parsed:
+            raise _bad(f"'tools[{i}].function.name': '{name}' is declared twice")
+        parsed[name] = _function(i, name, description, parameters)
+    if choice != "named":
+        return Tools(parsed, choice or "auto")
+    if named not in parsed:
         raise _bad(f"'tool_choice' names '{named}', which is not among 'tools'", "tool_choice")
-    return Tools(functions, "named", named)
+    return Tools(parsed, "named", named)
 
 
 def bounded(schema):
@@ -129,16 +127,6 @@ def reply_grammar(tools: Tools | None) -> StructuredSpec | None:
     return StructuredSpec("json", json.dumps(reply_schema(tools)), param="tools")
 
 
-def constrain(body: dict, tools: Tools | None, config: Config) -> dict:
-    """The body as the sampling parser reads it (a copy, beside `reply_grammar(tools)`): no other
-    constraint where `tool_choice` constrains the reply, and TOOL_MAX_TOKENS where no
-    max_tokens is named."""
-    if tools is None or not tools.constrained:
-        return body
-    for field in ("response_format", "structured_outputs"):
-        if body.get(field) is not None and body[field] != {"type": "text"}:
-            raise _bad(f"'{field}' cannot constrain a reply that 'tool_choice' already constrains", field)
-    body = {**body, "response_format": None, "structured_outputs": None}
-    if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
-        body["max_tokens"] = min(TOOL_MAX_TOKENS, config.max_new_tokens_limit)
-    return body
+def default_max_tokens(config: Config | None) -> int:
+    """The max_tokens of a request whose tools constrain the reply and that names none: room for a call."""
+    return TOOL_MAX_TOKENS if config is None else min(TOOL_MAX_TOKENS, config.max_new_tokens_limit)

@@ -1,0 +1,34 @@
+"""What a view looks up in the app, once per request, to hand down as arguments: the settings and
+the tokenizer (`served`), an engine, and the request's `Run` (its engine and deadlines). Besides
+the views and the app's request hooks, this is the one module that reads Flask's globals: the
+helpers the views call take what they need as arguments."""
+
+from __future__ import annotations
+
+from flask import current_app, g, request
+
+from service.generation import Engine, Run
+from service.http import admission
+from service.plan import Served
+
+
+def served() -> Served:
+    return Served(current_app.config["SERVICE"], current_app.extensions["tokenizer"]())
+
+
+def engine(name: str) -> Engine:
+    return current_app.extensions["engines"][name]
+
+
+def run(engine_name: str, max_queue_ms: float | None = None) -> Run:
+    """The request's way to `engine_name`: its deadlines from REQUEST_TIMEOUT_S, X-Max-Queue-Ms and
+    the body's `max_queue_ms`. Kept for the request (`current_run`) so that the reply carries
+    what the engine predicted, a refusal too."""
+    config = current_app.config["SERVICE"]
+    max_ttft_s = admission.max_ttft_s(request.headers, max_queue_ms)
+    g.run = Run(engine(engine_name), config.request_timeout_s, max_ttft_s, config)
+    return g.run
+
+
+def current_run() -> Run | None:
+    return g.get("run")
