@@ -10,7 +10,7 @@ from batcher.grammar import StructuredSpec
 @dataclass(frozen=True)
 class SamplingParams:
     """Per prompt, even inside one round. temperature 0 means greedy. Meanings and ranges are
-    vLLM's (service/params.py validates them); the neutral defaults change nothing."""
+    vLLM's (the request models validate them, service/protocol/); the neutral defaults change nothing."""
 
     max_tokens: int = 20
     temperature: float = 0.0
