@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from batcher.profile import candidate, choose, fidelity, measure, session
+from batcher.profile import candidate, choose, fidelity, finish, measure, session
 
 pytestmark = pytest.mark.unit  # no model, no server: `make check` runs it
 
@@ -292,3 +292,67 @@ def test_without_a_paris_in_the_reference_the_reason_says_france_was_not_judged(
     }  # fmt: skip
     assert "France n/a (the reference does not say Paris)" in choose.describe(faithful)
     assert "France right" in choose.describe({**faithful, "france_bar": True})
+
+
+# --- the compiled rows the budget cut short, finished in the background (finish.py)
+
+
+def timed_out(engine_: str, dtype: str, why: str = "timed out after 80 s (its cap: 80 s)") -> dict:
+    return {"engine": engine_, "dtype": dtype, "eager": False, "status": why}
+
+
+def cut_short() -> dict:
+    rows = [
+        measured("static", "float32", True, 0.9),
+        measured("vllm", "float32", True, 1.1),
+        measured("static", "float16", True, 1.4),
+        timed_out("vllm", "float32"),
+        timed_out("static", "float32", "timed out: budget spent before it started"),
+        timed_out("static", "float16", "timed out: budget spent before it started"),
+    ]
+    return {"key": {"k": 1}, "reference": "measured", "measured_at": "then", "rows": rows}
+
+
+def test_what_is_finished_is_each_engines_best_compiled_row_the_budget_cut_short():
+    profile = cut_short()
+    assert finish.unfinished(profile) == [("vllm", "float32", False), ("static", "float32", False)]
+    profile["rows"][3] = {**measured("vllm", "float32", False, 0.7)}
+    assert finish.unfinished(profile) == [("static", "float32", False)]  # measured: nothing left for vLLM
+    assert finish.unfinished({**profile, "finished_at": "failed: ..."}) == []  # once per profile
+    assert finish.unfinished({**profile, "reference": "timed out"}) == []
+    assert finish.unfinished(None) == []
+
+
+def test_the_finished_rows_replace_the_ones_cut_short_and_the_rest_stay():
+    profile, todo = cut_short(), [("vllm", "float32", False), ("static", "float32", False)]
+    again = measured("static", "float32", True, 5.0)  # the reference, measured again beside them: not merged
+    fresh = {"rows": [again, measured("vllm", "float32", False, 0.7), measured("static", "float32", False, 0.8)]}
+    merged = finish.merge(profile, fresh, todo, 123.4)
+    assert [r["status"] for r in merged["rows"]][3:5] == ["measured", "measured"]
+    assert merged["rows"][0] == profile["rows"][0] and merged["rows"][5] == profile["rows"][5]
+    assert merged["finished_at"] and merged["finish_wall_s"] == 123 and finish.unfinished(merged) == []
+    assert choose.resolve(merged, "vllm", "auto", None)[:2] == ("float32", False)  # auto now sees it
+
+
+def test_a_finish_runs_once_and_never_beside_another(tmp_path, monkeypatch):
+    profile = cut_short()
+    key = profile["key"]
+    monkeypatch.setattr(finish.store, "machine_key", lambda model_path: key)
+    finish.store.save(profile, tmp_path)
+    asked = []
+
+    def fake_measure(model_path, log_path, budget_s, only, cache):
+        asked.append(only)
+        return {"rows": [measured(e, d, x, 0.5) for e, d, x in only]}
+
+    monkeypatch.setattr(finish.measure, "measure", fake_measure)
+    held = finish.Lock(finish.lock_path(key, tmp_path))
+    assert held.take()
+    assert finish.run("model", tmp_path, "", tmp_path / "log") is None and asked == []  # another run holds it
+    assert not finish.wait(key, tmp_path, timeout_s=0)
+    held.close()
+    assert finish.wait(key, tmp_path, timeout_s=30)
+    done = finish.run("model", tmp_path, "", tmp_path / "log")
+    assert asked == [[("vllm", "float32", False), ("static", "float32", False)]]
+    assert done == finish.store.load(key, tmp_path) and finish.unfinished(done) == []
+    assert finish.run("model", tmp_path, "", tmp_path / "log") is None and len(asked) == 1  # once

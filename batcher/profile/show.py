@@ -46,6 +46,8 @@ def lines(profile: dict | None) -> list[str]:
         out += markdown([cells(row) for row in profile["rows"]])
         out += [f"- fidelity prompts: {fidelity.FORMS[profile['prompts']]}"] if "prompts" in profile else []
         out += [f"- {note}" for note in profile.get("notes", [])]
+        if profile.get("finished_at"):
+            out.append(f"- compiled rows finished in the background: {profile['finished_at']}")
     for engine in ("static", "vllm"):
         dtype, eager, reason = choose.resolve(profile, engine, "auto", None)
         out.append(f"{engine}: auto -> {choose.SHORT[dtype]} {'eager' if eager else 'compiled'} ({reason})")
