@@ -310,13 +310,9 @@ def _costs(items: list) -> dict:
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Groups the tests and orders the groups longest first (stably: pytest-randomly's order stays
-    within each group). `--dist loadgroup` reads a test's group from its node id's `@group`
-    suffix; pytest-xdist 3.8 writes that suffix into `item._nodeid`, which pytest 9 no longer
-    reads (a node's id is `item._id`, a NodeId), so every group would be split: the suffix goes
-    into the id here, as xdist's own hook means to (its hook then finds the mark and writes the
-    attribute nobody reads)."""
-    from _pytest.nodeid import NodeId
-
+    within each group). The group is xdist's own `xdist_group` mark, added here, before
+    pytest-xdist's hook reads it (hence tryfirst) and writes it into the node id that
+    `--dist loadgroup` schedules by; that works on pytest 9.1, not 9.2 (requirements-dev.txt)."""
     costs, group, total = _costs(items), {}, {}
     for item in items:
         names = item.fixturenames  # the whole closure: a fixture's own fixtures too
@@ -326,5 +322,3 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: (-total[group[item]], group[item], item.get_closest_marker("last") is not None))
     for item in items:
         item.add_marker(pytest.mark.xdist_group(group[item]))
-        if os.environ.get("PYTEST_XDIST_WORKER"):
-            item._id = NodeId.parse(f"{item.nodeid}@{group[item]}")

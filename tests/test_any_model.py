@@ -12,8 +12,6 @@ import requests
 
 from tests.make_serve import MakeServe
 
-pytestmark = pytest.mark.xdist_group("make_serve_any_model")
-
 NO_TEMPLATE = "this model has no chat template"
 
 
