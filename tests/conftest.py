@@ -2,75 +2,31 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
 import threading
-import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import openai
 import pytest
 
 from batcher import fence
 from batcher.checkpoint import resolve_model
-from batcher.settings import StaticSettings
-from deploy.server import Server
 from service import create_app, shutdown
 from service.config import Config
+from tests.helpers import PINNED, pin_environment, wait_until
+from tests.helpers.servers import KEY, STATIC_SERVER_QUEUE, serving
 
 if TYPE_CHECKING:  # torch and transformers load in the fixtures that need them: xdist's controller
     # loads this file too, alone, before any worker starts (11 s of imports on one core here)
     from batcher.static.runner import Runner
 
-KEY = "test-key"  # one of the shared server's two API keys (`shared_server`)
-# What the tests pin where they do not test the defaults (an operator's environment still wins):
-# fp32, so engines compare to rounding, and eager, so no test server compiles at its start when
-# this machine's profile (batcher/profile) chose compiled decoding. `shared_server` too: its tests
-# compare the two engines, and the profile may give them different dtypes.
-PINNED = {"DTYPE": "float32", "STATIC_COMPILE": "0", "VLLM_ENFORCE_EAGER": "1"}
-for _name, _value in PINNED.items():
-    os.environ.setdefault(_name, _value)
-
-
-def auth(key: str = KEY) -> dict:
-    return {"Authorization": f"Bearer {key}"}
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
-    """Poll with a deadline (for state another thread changes and no event announces)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
-
-
-@contextlib.contextmanager
-def over_http(app):
-    """`app` behind werkzeug's threaded server on a free loopback port: yields "127.0.0.1:PORT"."""
-    from werkzeug.serving import make_server
-
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_port}"
-    finally:
-        server.shutdown()
-        thread.join(30)
+pin_environment()  # PINNED (tests/helpers/__init__.py), for every app, server and child process
 
 
 @pytest.fixture(scope="session")
 def model_path() -> str:
     defaults = Config()
     return resolve_model(defaults.model, defaults.cache_dir)
-
-
-def static_settings(model_path: str, **config) -> StaticSettings:
-    """The static engine's settings as the service resolves them, from Config's defaults and
-    `config` (Config's field names)."""
-    return Config(**config).static_engine(model_path)
 
 
 @pytest.fixture(scope="session")
@@ -91,22 +47,6 @@ def shared_server(tmp_path_factory):
         yield srv
 
 
-@contextlib.contextmanager
-def serving(folder, env: dict[str, str], ready=("static", "vllm"), disabled=()):
-    """A real gunicorn (deploy/server.py) logging to `folder`/server.log, with `env` on top of
-    ours, once the engines in `ready` are ready and those in `disabled` disabled; stopped after."""
-    srv = Server(folder / "server.log", env)
-    try:
-        health = srv.wait_ready(900)
-        for name in ready:
-            assert health["engines"][name]["status"] == "ready", (health, srv.log_text()[-3000:])
-        for name in disabled:
-            assert health["engines"][name]["status"] == "disabled", health
-        yield srv
-    finally:
-        srv.stop()
-
-
 @pytest.fixture(scope="session")
 def served(tmp_path_factory):
     """`make serve` at this machine's defaults (every `auto` from its profile, not PINNED: what a
@@ -117,7 +57,7 @@ def served(tmp_path_factory):
     lm-eval's runs measure them while lm-eval's own processes share this worker's core; after them,
     at the default 120 s, the drain test's 60-token vLLM stream was once refused 429 on an idle
     engine (2026-12-03). What admission refuses is test_admission's; here it must admit."""
-    from tests.make_serve import MakeServe
+    from tests.helpers.make_serve import MakeServe
 
     env = {"API_KEY": KEY, "CLIENT_TIMEOUT_S": "600", "GRACEFUL_TIMEOUT": "120", "REQUEST_TIMEOUT_S": "600"}
     env |= {n: "auto" for n in PINNED}
@@ -127,9 +67,6 @@ def served(tmp_path_factory):
         yield srv
     finally:
         srv.stop()
-
-
-STATIC_SERVER_QUEUE = 9  # `static_server`'s MAX_QUEUE, in sequences
 
 
 @pytest.fixture(scope="session")
@@ -160,6 +97,7 @@ def static_server(tmp_path_factory):
 def runner_fp32(model_path) -> Runner:
     """float32, so that padded and unpadded runs can be compared token for token."""
     from batcher.static.runner import Runner
+    from tests.helpers.workers import static_settings
 
     return Runner(static_settings(model_path, dtype="float32"))
 
@@ -256,17 +194,32 @@ def held_rounds(app):
     release()
 
 
-# --- a static engine on the real runner with test hooks (tests/test_worker.py's InstrumentedRunner)
+# --- the OpenAI SDK on the shared server, for each base URL a test's `base` names
+@pytest.fixture
+def sdk(shared_server, base) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=shared_server.url + base, api_key=KEY, max_retries=0, _strict_response_validation=True
+    )
+
+
+@pytest.fixture
+def streaming_sdk(shared_server, base) -> openai.OpenAI:
+    """Not strict: OpenAI's own stream chunks carry `finish_reason: null`, which the SDK's strict
+    validation (written for whole replies) refuses."""
+    return openai.OpenAI(base_url=shared_server.url + base, api_key=KEY, max_retries=0)
+
+
+# --- a static engine on the real runner with test hooks (tests/helpers/workers.py)
 @pytest.fixture
 def runner(runner_fp32):
-    from tests.test_worker import InstrumentedRunner
+    from tests.helpers.workers import InstrumentedRunner
 
     return InstrumentedRunner(runner_fp32)
 
 
 @pytest.fixture
 def worker(runner):
-    """A started static engine on `runner`: a round holding test_worker.GATE waits for `runner.gate`."""
+    """A started static engine on `runner`: a round holding workers.GATE waits for `runner.gate`."""
     from batcher.static.worker import ModelWorker
 
     worker = ModelWorker(runner.settings, load_runner=lambda: runner).start()

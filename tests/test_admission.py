@@ -11,7 +11,8 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import wait_until
+from tests.helpers import wait_until
+from tests.helpers.apps import post, prompts_counted
 
 GENEROUS = "3600000"  # an hour: never refused, even on a starved CPU
 ROUTES = {  # (path, body) per route family, all on the static engine
@@ -24,20 +25,6 @@ ROUTES = {  # (path, body) per route family, all on the static engine
         {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "stream": True},
     ),
 }
-
-
-def post(client, path, body, headers=None):
-    return client.post(path, data=json.dumps(body), content_type="application/json", headers=headers or {})
-
-
-def prompts_counted(app, engine: str) -> float:
-    """The `prompts` counter: every prompt an engine accepted (a refused request adds none)."""
-    text = app.test_client().get("/metrics").get_data(as_text=True)
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "prompts_total" and sample.labels.get("engine") == engine:
-                return sample.value
-    return 0.0
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import json
 import pytest
 import requests
 
-from tests.make_serve import MakeServe
+from tests.helpers.make_serve import MakeServe
 
 NO_TEMPLATE = "this model has no chat template"
 

@@ -1,33 +1,15 @@
 """The HTTP API through Flask's test client, on the real app and model: replies and every error."""
 
-import contextlib
-import json
 import threading
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from service import create_app, shutdown
-from service.config import Config
-from tests.conftest import wait_until
+from service import shutdown
+from tests.helpers import wait_until
+from tests.helpers.apps import post, static_app
 
 PARIS = {"prompts": ["The capital of France is"], "max_tokens": 5}
-
-
-@contextlib.contextmanager
-def static_app(**settings):
-    """An app of its own with the static engine alone, ready, for a test that changes its state."""
-    app = create_app(Config(vllm_enabled=False, static_compile="0", **settings))  # eager: conftest's PINNED
-    assert app.extensions["engines"]["static"].wait_ready(60)
-    try:
-        yield app
-    finally:
-        shutdown(app)
-
-
-def post(client, path, body):
-    data = body if isinstance(body, (str, bytes)) else json.dumps(body)
-    return client.post(path, data=data, content_type="application/json")
 
 
 def test_generate_answers_paris_without_echoing_the_prompt(client):

@@ -3,8 +3,8 @@ OpenAI routes' `batching` extension, on both engines, with the real app and mode
 
 import threading
 
-from tests.conftest import wait_until
-from tests.test_admission import post
+from tests.helpers import wait_until
+from tests.helpers.apps import post
 
 SHORT, LONG = "Hi", "Tell me, in many more words than the other prompt has, about the sea"
 

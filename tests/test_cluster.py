@@ -4,7 +4,6 @@ nothing is lost, nothing is crossed. Real make, nginx, supervisord, gunicorn and
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -20,22 +19,12 @@ import requests
 
 from deploy.cluster import NEXT_UPSTREAM_TRIES
 from deploy.server import free_port_run
-from tests.conftest import wait_until
+from tests.helpers import wait_until
+from tests.helpers.traffic import MAX_TOKENS, PROMPTS, sse_events
 
 ROOT = Path(__file__).resolve().parent.parent
 THREADS, REPLICAS = 8, 2  # 8: enough that each replica holds work at its SIGTERM; more only lengthens drains
 AFTER = 2 * THREADS  # requests sent once the rolling restart has ended: traffic before, during, after
-MAX_TOKENS = 6
-PROMPTS = [
-    "The capital of France is",
-    "Water boils at",
-    "My favourite colour is",
-    "The first man on the moon was",
-    "A good breakfast has",
-    "Two plus two is",
-    "The ocean is",
-    "Cats like to",
-]
 BAD = [  # (body, status, type): answered by a replica through nginx, never retried
     ({"prompts": "not a list"}, 422, "invalid_request"),
     ({"prompts": ["ok"], "max_tokens": 0}, 422, "invalid_request"),
@@ -50,10 +39,6 @@ def healthy(url: str) -> bool:
         return requests.get(f"{url}/health", timeout=5).status_code == 200
     except requests.RequestException:
         return False
-
-
-def sse_events(text: str) -> list[dict]:
-    return [json.loads(chunk.removeprefix("data: ")) for chunk in text.split("\n\n") if chunk.strip()]
 
 
 class Cluster:

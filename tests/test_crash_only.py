@@ -19,7 +19,8 @@ from batcher.sampling import SamplingParams
 from batcher.sequence import Sequence
 from service import begin_shutdown, create_app, shutdown
 from service.config import Config
-from tests.conftest import serving, wait_until
+from tests.helpers import wait_until
+from tests.helpers.servers import serving
 
 
 @pytest.fixture(autouse=True)

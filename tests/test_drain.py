@@ -16,9 +16,10 @@ import requests
 
 from batcher.errors import ShuttingDown
 from batcher.sequence import Status
-from tests.conftest import auth, wait_until
-from tests.make_serve import listening
-from tests.test_worker import GATE, submit, wait
+from tests.helpers import wait_until
+from tests.helpers.make_serve import listening
+from tests.helpers.servers import auth
+from tests.helpers.workers import GATE, submit, wait
 
 
 def test_a_draining_engine_refuses_new_work_and_finishes_what_it_holds(worker, runner):

@@ -10,7 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from tests.conftest import KEY, auth, wait_until
+from tests.helpers import wait_until
+from tests.helpers.servers import KEY, auth
 
 
 @pytest.fixture(scope="module")

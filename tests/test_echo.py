@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from tests.test_openai import BASES, PARIS
+from tests.helpers import BASES, PARIS
 
 STORY = "Once upon a time, in a small village,"
 # fp32 on both engines and directly: the same model's numbers, to rounding

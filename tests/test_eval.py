@@ -28,7 +28,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from deploy.server import ROOT
-from tests.conftest import KEY
+from tests.helpers.servers import KEY
 
 TASKS = ROOT / "tests" / "eval"
 MODEL = "SmolLM2-135M-Instruct"

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from service import schema
-from tests.test_openai import MODEL
+from tests.helpers import MODEL
 
 pytestmark = pytest.mark.usefixtures("settled")  # the check for leftovers needs none before
 

@@ -28,8 +28,8 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from service.openapi import DemoError, OpenAIError
-from tests.conftest import auth
-from tests.test_openai import MODEL, PARIS
+from tests.helpers import MODEL, PARIS
+from tests.helpers.servers import auth
 
 # Per operation and mode: 19 operations (17 with a body), about 210 generated requests in all.
 EXAMPLES = {GenerationMode.POSITIVE: 8, GenerationMode.NEGATIVE: 4}

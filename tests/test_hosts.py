@@ -21,8 +21,8 @@ import requests
 
 from deploy import cluster, hosts
 from deploy.cluster import Settings, find_tool, healthy
-from tests.conftest import wait_until
-from tests.test_cluster import MAX_TOKENS, PROMPTS, sse_events
+from tests.helpers import wait_until
+from tests.helpers.traffic import MAX_TOKENS, PROMPTS, sse_events
 
 KEY = "hosts-key"
 PORT = 8000  # each host has ports of its own: nginx on :8000 of its host, replica i on :8000+i of its

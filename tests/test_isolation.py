@@ -15,8 +15,8 @@ from batcher.errors import RowFailed
 from batcher.sampling import SamplingParams
 from batcher.sequence import Sequence, Status
 from batcher.static import rows as rows_module
-from tests.conftest import wait_until
-from tests.test_worker import GATE, submit, wait
+from tests.helpers import wait_until
+from tests.helpers.workers import GATE, submit, wait
 
 GOOD = ["The capital of France is", "Water boils at", "One plus one is"]
 

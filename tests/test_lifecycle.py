@@ -11,8 +11,8 @@ import pytest
 from batcher.errors import ShuttingDown
 from batcher.sequence import Sequence
 from batcher.static.worker import ModelWorker
-from tests.test_worker import GATE, submit
-from tests.test_workload import WatchedQueue
+from tests.helpers import WatchedQueue
+from tests.helpers.workers import GATE, submit
 
 
 class ContendedLock:

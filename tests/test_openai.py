@@ -17,29 +17,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoTokenizer
 
 from bench import serve_client
-from tests.conftest import KEY, STATIC_SERVER_QUEUE, auth, wait_until
+from tests.helpers import BASES, MODEL, PARIS, wait_until
+from tests.helpers.servers import KEY, STATIC_SERVER_QUEUE, auth
 
-MODEL = "SmolLM2-135M-Instruct"
-PARIS = "The capital of France is"
 DEMO_ROUTE = {"/v1": "/generate_vllm", "/static/v1": "/generate"}
-BASES = pytest.mark.parametrize("base", list(DEMO_ROUTE))
 
 
 @pytest.fixture(scope="module")
 def server(shared_server):
     return shared_server  # tests/conftest.py: the session's gunicorn, keys "other-key" and KEY, 8 prompts
-
-
-@pytest.fixture
-def sdk(server, base) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + base, api_key=KEY, max_retries=0, _strict_response_validation=True)
-
-
-@pytest.fixture
-def streaming_sdk(server, base) -> openai.OpenAI:
-    """Not strict: OpenAI's own stream chunks carry `finish_reason: null`, which the SDK's strict
-    validation (written for whole replies) refuses."""
-    return openai.OpenAI(base_url=server.url + base, api_key=KEY, max_retries=0)
 
 
 @pytest.fixture(scope="module")

@@ -14,12 +14,16 @@ import pytest
 import requests
 
 from service import openai_fields
-from tests import test_openai
-from tests.conftest import auth
-from tests.test_openai import BASES, MODEL, PARIS
+from tests.helpers import BASES, MODEL, PARIS
+from tests.helpers.servers import auth, nothing_held
 
 # its fixtures, on the session's shared gunicorn (tests/conftest.py: both engines, API_KEY set)
-server, sdk, streaming_sdk = test_openai.server, test_openai.sdk, test_openai.streaming_sdk
+
+
+@pytest.fixture(scope="module")
+def server(shared_server):
+    return shared_server  # tests/conftest.py: the session's gunicorn, API_KEY set
+
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -84,12 +88,6 @@ def create(sdk: openai.OpenAI, route: str, **fields):
     if route == "chat":
         return sdk.chat.completions.create(model=MODEL, messages=MESSAGES, **fields)
     return sdk.completions.create(model=MODEL, prompt=PARIS, **fields)
-
-
-def nothing_held(server) -> None:
-    for name in ("static", "vllm"):
-        engine = server.engine(name)
-        assert engine["status"] == "ready" and engine["queued"] == 0 and engine["inflight"] == 0, engine
 
 
 def test_every_refused_field_here_is_in_the_table_as_refused():

@@ -16,8 +16,8 @@ import requests
 from service import GENERATE_BLUEPRINTS, create_app
 from service.config import Config
 from service.inflight import OTHER_ENDPOINTS
-from tests.conftest import serving
-from tests.test_api import static_app
+from tests.helpers.apps import static_app
+from tests.helpers.servers import serving
 
 CAP = 2  # the test client's app: two generate requests in flight, then 429
 LONG = {"max_tokens": 200, "ignore_eos": True}  # a stream that is still running when the test closes it

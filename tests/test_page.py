@@ -11,7 +11,9 @@ import shutil
 import pytest
 import requests
 
-from tests.conftest import KEY, over_http, wait_until
+from tests.helpers import wait_until
+from tests.helpers.apps import over_http
+from tests.helpers.servers import KEY
 
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")

@@ -8,7 +8,7 @@ import pytest
 
 from service import begin_shutdown, create_app
 from service.config import Config
-from tests.test_api import post, static_app
+from tests.helpers.apps import post, static_app
 
 
 def feed(response) -> list[dict]:

@@ -20,7 +20,7 @@ from service.bodies import limits, validate
 from service.bodies.openai import Chat, Completion, Responses
 from service.config import Config
 from service.errors import InvalidRequest
-from tests.test_api import post
+from tests.helpers.apps import post
 
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
 COMPLETION = {"prompt": "Hi", "max_tokens": 2}

@@ -8,19 +8,7 @@ import pytest
 from batcher.sampling import SamplingParams
 from batcher.sequence import Sequence
 from batcher.static.runner import RoundRows
-
-PROMPTS = [
-    "The capital of France is",
-    "Hi",
-    "Water boils at a temperature of",
-    "In the beginning of the story, the young farmer decided to",
-]
-
-
-def run(runner, seqs):
-    """(text, finish reason) per sequence: the text each received, the reason the round returned."""
-    reasons = runner.generate(seqs, runner.encode([s.prompt for s in seqs]))
-    return [(s.text, reason) for s, reason in zip(seqs, reasons, strict=True)]
+from tests.helpers.workers import PROMPTS, run
 
 
 def greedy(prompt, max_tokens=20, **kw):

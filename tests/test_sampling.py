@@ -10,7 +10,7 @@ import pytest
 from batcher.sampling import SamplingParams
 from batcher.sequence import Sequence
 from service.generation import fan_out
-from tests.test_api import post
+from tests.helpers.apps import post
 
 ENGINES = {"static": ("/generate", "/generate_stream"), "vllm": ("/generate_vllm", "/generate_vllm_stream")}
 PARIS = "The capital of France is"

@@ -11,7 +11,7 @@ import socket
 import pytest
 import requests
 
-from tests.conftest import auth
+from tests.helpers.servers import auth
 
 HALF_OPEN = 500
 TIMEOUT_S = 300  # a bound on each call on a loaded machine, not a speed asserted

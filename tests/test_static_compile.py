@@ -20,8 +20,7 @@ from batcher.static.runner import Runner, cache_bucket
 from batcher.static.worker import ModelWorker
 from service import create_app, shutdown
 from service.config import Config
-from tests.conftest import static_settings
-from tests.test_runner import PROMPTS, run
+from tests.helpers.workers import PROMPTS, run, static_settings
 
 SMALL = {"max_input_tokens": 24, "max_new_tokens_limit": 40}  # 64: one cache length for every round
 

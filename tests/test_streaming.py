@@ -6,8 +6,8 @@ import threading
 import pytest
 
 from service import shutdown
-from tests.conftest import wait_until
-from tests.test_api import post, static_app
+from tests.helpers import wait_until
+from tests.helpers.apps import post, static_app
 
 
 def events(response) -> list[dict]:

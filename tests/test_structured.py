@@ -29,8 +29,9 @@ from service import create_app, shutdown
 from service.config import Config
 from service.errors import InvalidRequest
 from service.structured import cache_limit_bytes, compile_params, parse_structured
-from tests.conftest import KEY, auth, wait_until
-from tests.test_api import post
+from tests.helpers import wait_until
+from tests.helpers.apps import post
+from tests.helpers.servers import KEY, auth
 
 MODEL = "SmolLM2-135M-Instruct"
 DEMO = {"/v1": ("/generate_vllm", "/generate_vllm_stream"), "/static/v1": ("/generate", "/generate_stream")}

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.test_openai import MODEL
+from tests.helpers import MODEL
 
 pytestmark = pytest.mark.usefixtures("settled")  # the check for leftovers needs none before
 

@@ -19,12 +19,14 @@ from pydantic import BaseModel, Field
 
 from service import tool_prompt, tool_replies
 from service import tools as service_tools
-from tests import test_openai
-from tests.conftest import KEY
-from tests.test_openai import BASES, MODEL
-from tests.test_openai_fields import nothing_held
+from tests.helpers import BASES, MODEL
+from tests.helpers.servers import KEY, nothing_held
 
-server, sdk, streaming_sdk = test_openai.server, test_openai.sdk, test_openai.streaming_sdk
+
+@pytest.fixture(scope="module")
+def server(shared_server):
+    return shared_server  # tests/conftest.py: the session's gunicorn, API_KEY set
+
 
 WEATHER = {
     "name": "get_weather",

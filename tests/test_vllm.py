@@ -4,8 +4,8 @@ import dataclasses
 import logging
 import threading
 
-from tests.conftest import wait_until
-from tests.test_api import post
+from tests.helpers import wait_until
+from tests.helpers.apps import post
 
 PROMPTS = [
     "The capital of France is",

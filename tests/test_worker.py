@@ -8,41 +8,7 @@ import pytest
 from batcher.errors import RoundFailed, ShuttingDown
 from batcher.sampling import SamplingParams
 from batcher.sequence import Sequence, Status
-from batcher.static.runner import Runner
-
-POISON = "<fail this round>"
-GATE = "<hold this round>"
-
-
-class InstrumentedRunner(Runner):
-    """The real runner with two test hooks around the real generate(): a round holding POISON
-    raises (fault injection), a round holding GATE waits for `gate` (to make a round last)."""
-
-    def __init__(self, base: Runner):
-        self.__dict__.update(base.__dict__)
-        self.gate = threading.Event()
-        self.entered = threading.Event()
-
-    def generate(self, seqs, inputs, failures=None):
-        prompts = [s.prompt for s in seqs]
-        if POISON in prompts:
-            raise RuntimeError("injected failure")
-        if GATE in prompts:
-            self.entered.set()
-            assert self.gate.wait(60)
-        return super().generate(seqs, inputs, failures)
-
-
-def submit(worker, *prompts, max_tokens=5, solo=False, ignore_eos=False):
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos)
-    seqs = [Sequence(p, params, solo=solo) for p in prompts]
-    worker.submit(seqs)
-    return seqs
-
-
-def wait(seqs, timeout=60):
-    for s in seqs:
-        assert s.done.wait(timeout), f"{s.id} not resolved"
+from tests.helpers.workers import GATE, POISON, submit, wait
 
 
 def test_requests_arriving_together_share_rounds_across_request_boundaries(worker, runner):

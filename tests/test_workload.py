@@ -1,6 +1,5 @@
 """The queue alone: what is waiting now, FIFO, rounds of at most N, the bound, cancellation."""
 
-import queue
 import threading
 
 import pytest
@@ -8,29 +7,13 @@ import pytest
 from batcher.errors import QueueFull
 from batcher.sequence import Sequence, Status
 from batcher.workload import Workload
-from tests.conftest import wait_until
+from tests.helpers import WatchedQueue, wait_until
 
 pytestmark = pytest.mark.unit  # no model, no server: `make check` runs it
 
 
 def seqs(*prompts):
     return [Sequence(p) for p in prompts]
-
-
-class WatchedQueue(queue.Queue):
-    """A queue that says when a consumer found it empty. `get()` checks the size under the
-    queue's lock and waits on a condition that releases that lock atomically, so a `put()` made
-    after `consumer_waits` is set can only run once the consumer is waiting: the race is forced."""
-
-    def __init__(self):
-        super().__init__()
-        self.consumer_waits = threading.Event()
-
-    def _qsize(self):
-        size = super()._qsize()
-        if size == 0:
-            self.consumer_waits.set()
-        return size
 
 
 def watched(maxsize):
