@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from typing import TYPE_CHECKING
 
@@ -13,7 +12,7 @@ from batcher import fence
 from batcher.checkpoint import resolve_model
 from service import create_app, shutdown
 from service.config import Config
-from tests.helpers import PINNED, pin_environment, wait_until
+from tests.helpers import PINNED, pin_environment
 from tests.helpers.servers import KEY, STATIC_SERVER_QUEUE, serving
 
 if TYPE_CHECKING:  # torch and transformers load in the fixtures that need them: xdist's controller
@@ -137,50 +136,17 @@ def vllm_app(app):
 
 
 @pytest.fixture
-def settled(vllm_app):
-    """Both engines with nothing queued or in flight before the test: for a test that checks its
-    request left nothing behind, since the session's app may still be winding down what the test
-    before it left (a cancelled stream is dropped at its next step)."""
-    engines = vllm_app.extensions["engines"].values()
-    wait_until(lambda: all(e.workload.qsize() == 0 and e.inflight() == 0 for e in engines), 300, "idle engines")
-    return vllm_app
-
-
-@pytest.fixture
 def vllm_client(vllm_app):
     return vllm_app.test_client()
 
 
 @pytest.fixture
-def short_timeout(app):
-    """REQUEST_TIMEOUT_S lowered for one test; the app reads it per request."""
-    original = app.config["SERVICE"]
-
-    def set_timeout(seconds: float) -> None:
-        app.config["SERVICE"] = dataclasses.replace(original, request_timeout_s=seconds)
-
-    yield set_timeout
-    app.config["SERVICE"] = original
-
-
-@pytest.fixture
-def unpredicted(vllm_app, monkeypatch):
-    """Both engines' predictions unknown for one test, so that admission lets every request in
-    (an unknown prediction refuses only what would pile up past the engine's `unmeasured_room`,
-    batcher/engine.py; these tests send less): for tests of what happens after admission (a
-    deadline that passes in the queue), which must not hang on how fast this CPU ran the rounds
-    measured before them."""
-    from batcher.predict import Prediction
-
-    for engine in vllm_app.extensions["engines"].values():
-        monkeypatch.setattr(engine, "predict", lambda new: Prediction(None, None, None, 0))
-
-
-@pytest.fixture
-def held_rounds(app):
-    """The fence the static engine takes around each round's model calls (batcher/fence.py), held
-    by the test: a round that was taken waits on it, and what arrives meanwhile queues up, until
-    the test lets go (if vLLM is tracing its model just then, this first waits for that)."""
+def held_rounds():
+    """The fence every static engine in this process takes around each round's model calls
+    (batcher/fence.py), held by the test: a round that was taken waits on it, and what arrives
+    meanwhile queues up, until the test lets go (if vLLM is tracing its model just then, this
+    first waits for that). The session's app or one of the test's own (tests/helpers/apps.py),
+    which a test asks for before this: an engine loads its model under the same fence."""
     lock = fence.static_round()
     assert lock.acquire(timeout=600)
     released = threading.Event()

@@ -4,6 +4,7 @@ and one run on the real gunicorn."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 
@@ -12,7 +13,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers import wait_until
-from tests.helpers.apps import post, prompts_counted
+from tests.helpers.apps import post, prompts_counted, static_app
 
 GENEROUS = "3600000"  # an hour: never refused, even on a starved CPU
 ROUTES = {  # (path, body) per route family, all on the static engine
@@ -28,16 +29,25 @@ ROUTES = {  # (path, body) per route family, all on the static engine
 
 
 @pytest.fixture
-def backlog(request, app, client):
-    """The static engine busy: one round taken and held, eight prompts of 8 tokens queued behind
-    it, so any new request's first token is at least two full rounds away (seconds on this CPU,
-    far past the tests' 200 ms; 8 tokens, not more, since the backlog runs out after each test). Yields the engine; the
-    backlog is answered (200) when the test lets go."""
+def backlog_app():
+    """An app of its own, static engine alone, with a REQUEST_TIMEOUT_S of an hour: a timeout no
+    prediction reaches, even on a starved CPU, so that the deadline alone decides here."""
+    with static_app(request_timeout_s=3600) as app:
+        yield app
+
+
+@pytest.fixture
+def backlog(request, backlog_app):
+    """`backlog_app`'s engine busy: one round taken and held, eight prompts of 8 tokens queued
+    behind it, so any new request's first token is at least two full rounds away (seconds on this
+    CPU, far past the tests' 200 ms; 8 tokens, not more, since the backlog runs out after each
+    test). Yields the engine; the backlog is answered (200) when the test lets go."""
+    app = backlog_app
     engine = app.extensions["engines"]["static"]
-    # measured widths 1 and 4 first (the held round below must not be the first measurement)
-    assert post(client, "/generate", {"prompts": ["Warm"] * 4, "max_tokens": 4}).status_code == 200
-    # a timeout no prediction reaches, even on a starved CPU: the deadline alone decides here
-    request.getfixturevalue("short_timeout")(3600)
+    # measured first, widths 1 and 4 (the held round below must not be the first measurement)
+    for width in (1, 4):
+        reply = post(app.test_client(), "/generate", {"prompts": ["Warm"] * width, "max_tokens": 4})
+        assert reply.status_code == 200
     held_rounds = request.getfixturevalue("held_rounds")  # only now: the warm-up above had to run
     replies: list = []
 
@@ -60,7 +70,8 @@ def backlog(request, app, client):
 # Every route, with the deadline in the header and in the body, against one backlog: a refused
 # request enqueues nothing, so the backlog is the same for each (ten backlogs, one per case, spent
 # ~45 s here running out after each test).
-def test_a_deadline_the_backlog_cannot_meet_is_429_at_once_and_enqueues_nothing(app, client, backlog):
+def test_a_deadline_the_backlog_cannot_meet_is_429_at_once_and_enqueues_nothing(backlog_app, backlog):
+    app, client = backlog_app, backlog_app.test_client()
     for route, where in [(route, where) for route in ROUTES for where in ("header", "body")]:
         path, body = ROUTES[route]
         if where == "body":
@@ -82,8 +93,8 @@ def test_a_deadline_the_backlog_cannot_meet_is_429_at_once_and_enqueues_nothing(
         assert backlog.workload.qsize() == 8 and prompts_counted(app, "static") == counted, case  # nothing enqueued
 
 
-def test_the_same_request_with_a_generous_deadline_waits_and_is_answered(app, backlog, held_rounds):
-    replies = {}
+def test_the_same_request_with_a_generous_deadline_waits_and_is_answered(backlog_app, backlog, held_rounds):
+    app, replies = backlog_app, {}
 
     def ask(name):
         path, body = ROUTES[name]
@@ -101,9 +112,11 @@ def test_the_same_request_with_a_generous_deadline_waits_and_is_answered(app, ba
     assert predicted > 0 and float(replies["demo"].headers["x-queue-time"]) > 0
 
 
-def test_no_deadline_but_past_request_timeout_is_429_not_a_504_later(app, client, backlog, short_timeout):
-    short_timeout(0.5)  # the backlog alone takes seconds
-    r = post(client, "/generate", {"prompts": ["Too late"], "max_tokens": 8})
+def test_no_deadline_but_past_request_timeout_is_429_not_a_504_later(backlog_app, backlog):
+    # its own app's REQUEST_TIMEOUT_S lowered now that the backlog is queued (which it would have refused)
+    app = backlog_app
+    app.config["SERVICE"] = dataclasses.replace(app.config["SERVICE"], request_timeout_s=0.5)
+    r = post(app.test_client(), "/generate", {"prompts": ["Too late"], "max_tokens": 8})  # the backlog takes seconds
     assert r.status_code == 429 and r.json["type"] == "wait_too_long"
     assert "REQUEST_TIMEOUT_S" in r.json["error"] and r.json["predicted"]["total_ms"] > 500
     assert backlog.workload.qsize() == 8

@@ -1,5 +1,6 @@
 """The HTTP API through Flask's test client, on the real app and model: replies and every error."""
 
+import dataclasses
 import threading
 
 import pytest
@@ -7,7 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from service import shutdown
 from tests.helpers import wait_until
-from tests.helpers.apps import post, static_app
+from tests.helpers.apps import enqueued, post, static_app
 
 PARIS = {"prompts": ["The capital of France is"], "max_tokens": 5}
 
@@ -111,16 +112,11 @@ def test_an_empty_list_answers_an_empty_list(client):
 )
 @pytest.mark.parametrize("path", ["/generate", "/generate_vllm"])
 def test_bad_input_gets_a_json_error_and_changes_nothing(app, client, path, body, status, kind):
-    engines = app.extensions["engines"]
-    # the app is the session's: a stream an earlier test closed may still be leaving vLLM (once
-    # seen: inflight 1 at this test's end, on /generate, which vLLM never saw)
-    idle = lambda: all(engines[name].inflight() == 0 for name in ("static", "vllm"))  # noqa: E731
-    wait_until(idle, what="both engines idle before the bad request")
+    before = enqueued(app)  # the session's app: what earlier tests left may still be running
     r = post(client, path, body)
     assert r.status_code == status, r.json
     assert r.json["type"] == kind and r.json["error"]
-    assert app.extensions["engines"]["static"].inflight() == 0
-    assert app.extensions["engines"]["vllm"].inflight() == 0
+    assert enqueued(app) == before  # nothing of it reached either engine
 
 
 @pytest.mark.parametrize("body", [{"prompt": 5}, {"prompt": ""}, {"prompt": "ok", "max_tokens": -1}])
@@ -133,16 +129,23 @@ def test_single_prompt_endpoints_validate_too(client, path, body):
     assert r.status_code == 400 and "'prompts' (did you mean 'prompt'?)" in r.json["error"], r.json
 
 
-def test_a_deadline_passed_answers_504_and_leaves_nothing_behind(app, client, short_timeout, held_rounds, unpredicted):
-    # admitted (no prediction), then the round cannot run before the test releases it: the
+@pytest.fixture
+def short_timeout_app():
+    """An app of its own with a REQUEST_TIMEOUT_S of 0.5 s, static engine alone."""
+    with static_app(request_timeout_s=0.5) as app:
+        yield app
+
+
+def test_a_deadline_passed_answers_504_and_leaves_nothing_behind(short_timeout_app, held_rounds):
+    # admitted (its engine is idle), then the round cannot run before the test releases it: the
     # deadline passes in the queue (a request predicted past it is a 429 at once: test_admission.py)
-    short_timeout(0.5)
+    app, client = short_timeout_app, short_timeout_app.test_client()
     r = post(client, "/generate", {"prompts": ["Tell me a long story about"] * 6, "max_tokens": 200})
     assert r.status_code == 504 and r.json["type"] == "deadline_exceeded"
     engine = app.extensions["engines"]["static"]
     held_rounds()  # the round runs its cancelled sequences for one step; the queued ones are skipped
     wait_until(lambda: engine.inflight() == 0, 60, "the timed-out sequences to be dropped")
-    short_timeout(120)
+    app.config["SERVICE"] = dataclasses.replace(app.config["SERVICE"], request_timeout_s=120)  # its own app
     assert post(client, "/generate", PARIS).status_code == 200  # the model thread lives on
 
 

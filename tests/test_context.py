@@ -8,8 +8,7 @@ import pytest
 
 from service import chat, context
 from tests.helpers import MODEL
-
-pytestmark = pytest.mark.usefixtures("settled")  # the check for leftovers needs none before
+from tests.helpers.apps import enqueued
 
 LONG = " ".join(["word"] * 700)  # some 700 tokens: more than MAX_INPUT_TOKENS (512)
 ENGINES = pytest.mark.parametrize("base", ["/v1", "/static/v1"])
@@ -24,15 +23,10 @@ def tokens(app, text: str) -> list[int]:
     return app.extensions["tokenizer"]()(text)["input_ids"]
 
 
-def nothing_held(app):
-    for engine in app.extensions["engines"].values():
-        assert (engine.workload.qsize(), engine.inflight()) == (0, 0)
-
-
 @ENGINES
 def test_an_over_long_prompt_is_openais_400_naming_both_counts(vllm_app, base):
     count = len(tokens(vllm_app, LONG))
-    client = vllm_app.test_client()
+    client, before = vllm_app.test_client(), enqueued(vllm_app)
     for route, body in (
         ("completions", {"prompt": LONG}),
         ("chat/completions", {"messages": [{"role": "user", "content": LONG}]}),
@@ -45,15 +39,16 @@ def test_an_over_long_prompt_is_openais_400_naming_both_counts(vllm_app, base):
         assert "at most 512" in error["message"] and "input tokens" in error["message"]
         if route == "completions":
             assert f"contains {count} input tokens" in error["message"], error
-    nothing_held(vllm_app)
+    assert enqueued(vllm_app) == before  # nothing reached an engine
 
 
 @DEMO
 def test_an_over_long_prompt_is_a_400_on_the_demo_routes(vllm_app, path):
+    before = enqueued(vllm_app)
     r = post(vllm_app.test_client(), path, {"prompts": ["Hi", LONG], "max_tokens": 3})
     assert r.status_code == 400 and r.json["type"] == "context_length_exceeded", r.json
     assert f"contains {len(tokens(vllm_app, LONG))} input tokens" in r.json["error"]
-    nothing_held(vllm_app)
+    assert enqueued(vllm_app) == before  # not even "Hi", the prompt before it
 
 
 @ENGINES

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tests.helpers import BASES, PARIS
+from tests.helpers.apps import enqueued
 
 STORY = "Once upon a time, in a small village,"
 # fp32 on both engines and directly: the same model's numbers, to rounding
@@ -33,11 +34,6 @@ def tokenizer(vllm_app):
 def ok(reply) -> dict:
     assert reply.status_code == 200, reply.json
     return reply.json
-
-
-def nothing_held(app) -> None:
-    for engine in app.extensions["engines"].values():
-        assert engine.status == "ready" and engine.inflight() == 0, engine.health()
 
 
 @BASES
@@ -188,10 +184,12 @@ def test_prompt_logprobs_on_chat_and_chats_echo(post, base):
     ],
 )
 def test_a_bad_prompt_is_a_400_naming_it_and_nothing_runs(vllm_app, post, base, prompt, why):
+    before = enqueued(vllm_app)  # the session's app: what earlier tests left may still be running
     reply = post(base, prompt=prompt, max_tokens=2, echo=True)
     assert reply.status_code == 400, reply.json
     assert reply.json["error"]["param"] == "prompt" and why in reply.json["error"]["message"], reply.json
-    nothing_held(vllm_app)
+    assert enqueued(vllm_app) == before  # nothing reached an engine
+    assert all(engine.status == "ready" for engine in vllm_app.extensions["engines"].values())
 
 
 @BASES

@@ -8,8 +8,7 @@ import pytest
 
 from service import schema
 from tests.helpers import MODEL
-
-pytestmark = pytest.mark.usefixtures("settled")  # the check for leftovers needs none before
+from tests.helpers.apps import enqueued
 
 ROUTES = pytest.mark.parametrize(
     ("path", "prompt"),
@@ -29,13 +28,12 @@ def post(client, path, body):
 
 @ROUTES
 def test_a_misspelt_field_is_a_400_suggesting_the_right_name(vllm_app, path, prompt):
-    client = vllm_app.test_client()
+    client, before = vllm_app.test_client(), enqueued(vllm_app)
     for typo, meant in (("max_new_tokens", "max_tokens"), ("temprature", "temperature")):
         r = post(client, path, {**prompt, typo: 3})
         assert r.status_code == 400 and r.json["type"] == "unknown_field", r.json
         assert f"'{typo}' (did you mean '{meant}'?)" in r.json["error"]
-    for engine in vllm_app.extensions["engines"].values():
-        assert (engine.workload.qsize(), engine.inflight()) == (0, 0)
+    assert enqueued(vllm_app) == before  # nothing reached an engine
 
 
 def test_every_unknown_field_is_named_and_one_without_a_near_name_gets_no_suggestion(vllm_client):

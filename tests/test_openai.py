@@ -18,6 +18,7 @@ from transformers import AutoTokenizer
 
 from bench import serve_client
 from tests.helpers import BASES, MODEL, PARIS, wait_until
+from tests.helpers.apps import own_app
 from tests.helpers.servers import KEY, STATIC_SERVER_QUEUE, auth
 
 DEMO_ROUTE = {"/v1": "/generate_vllm", "/static/v1": "/generate"}
@@ -311,14 +312,19 @@ def test_a_disabled_engine_answers_503_as_the_sdks_exception(static_server):
     assert "VLLM_ENABLED" in down.value.body["message"]
 
 
-@pytest.fixture
-def in_process(vllm_app, base) -> openai.OpenAI:
-    """The SDK on the app in this process (tests/conftest.py's), through httpx's WSGI transport:
-    for the errors a healthy server does not make on demand."""
-    transport = httpx.WSGITransport(app=vllm_app)
+def sdk_in_process(app, base: str) -> openai.OpenAI:
+    """The SDK on an app in this process, through httpx's WSGI transport."""
+    transport = httpx.WSGITransport(app=app)
     return openai.OpenAI(
         base_url=f"http://service{base}", api_key="-", max_retries=0, http_client=httpx.Client(transport=transport)
     )
+
+
+@pytest.fixture
+def in_process(vllm_app, base) -> openai.OpenAI:
+    """The SDK on the session's app in this process (tests/conftest.py's): for the errors a
+    healthy server does not make on demand."""
+    return sdk_in_process(vllm_app, base)
 
 
 @BASES
@@ -350,10 +356,10 @@ def test_a_failed_round_is_a_500_and_a_hopeless_deadline_a_429_as_the_sdks_excep
 
 
 @BASES
-def test_a_deadline_passed_after_admission_is_a_504_as_the_sdks_exception(
-    vllm_app, in_process, base, short_timeout, unpredicted
-):
-    short_timeout(0.000001)  # admitted (no prediction); no round ends within a microsecond
-    with pytest.raises(openai.InternalServerError) as late:
-        in_process.completions.create(model=MODEL, prompt=PARIS, max_tokens=50)
+def test_a_deadline_passed_after_admission_is_a_504_as_the_sdks_exception(base):
+    # an app of its own (vLLM only for /v1) whose REQUEST_TIMEOUT_S is a microsecond: admitted (its
+    # engine is idle), and no round ends within it
+    with own_app(vllm_enabled=base == "/v1", request_timeout_s=0.000001) as app:
+        with pytest.raises(openai.InternalServerError) as late:
+            sdk_in_process(app, base).completions.create(model=MODEL, prompt=PARIS, max_tokens=50)
     assert late.value.status_code == 504 and late.value.body["code"] == "deadline_exceeded"

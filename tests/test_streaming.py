@@ -55,15 +55,22 @@ def test_two_concurrent_streams_keep_their_own_texts_and_ids(vllm_app, path):
     assert got[0][0]["sequence_id"] != got[1][0]["sequence_id"]
 
 
+@pytest.fixture
+def short_timeout_app():
+    """An app of its own with a REQUEST_TIMEOUT_S of 0.5 s, static engine alone."""
+    with static_app(request_timeout_s=0.5) as app:
+        yield app
+
+
 @pytest.mark.parametrize("details", [False, True])
-def test_an_error_before_the_first_token_is_a_plain_json_error(
-    app, client, short_timeout, held_rounds, unpredicted, details
-):
-    short_timeout(0.5)  # admitted (no prediction), the round held until the test releases it: no token can come first
-    r = post(client, "/generate_stream", {"prompt": "Hello", "max_tokens": 50, "details": details})
+def test_an_error_before_the_first_token_is_a_plain_json_error(short_timeout_app, held_rounds, details):
+    # admitted (its engine is idle), the round held until the test releases it: no token can come first
+    r = post(
+        short_timeout_app.test_client(), "/generate_stream", {"prompt": "Hello", "max_tokens": 50, "details": details}
+    )
     assert r.status_code == 504 and r.json["type"] == "deadline_exceeded"
     held_rounds()
-    engine = app.extensions["engines"]["static"]
+    engine = short_timeout_app.extensions["engines"]["static"]
     wait_until(lambda: engine.inflight() == 0, 60, "the timed-out stream to be dropped")
 
 

@@ -7,8 +7,7 @@ import json
 import pytest
 
 from tests.helpers import MODEL
-
-pytestmark = pytest.mark.usefixtures("settled")  # the check for leftovers needs none before
+from tests.helpers.apps import enqueued
 
 BAD = "\ud800"  # json.dumps sends it as the JSON text "\ud800"
 HI = {"messages": [{"role": "user", "content": "Hi"}]}
@@ -46,28 +45,21 @@ def post(client, path, body):
     return client.post(path, data=json.dumps(body), content_type="application/json")
 
 
-def nothing_ran(app, before):
-    engines = app.extensions["engines"]
-    assert engines["static"].rounds == before  # nothing reached the static engine's rounds
-    for engine in engines.values():
-        assert (engine.workload.qsize(), engine.inflight()) == (0, 0)
-
-
 @pytest.mark.parametrize(("path", "body", "field"), DEMO)
 def test_demo_routes_answer_400_naming_the_field_that_is_not_text(vllm_app, path, body, field):
-    before = vllm_app.extensions["engines"]["static"].rounds
+    before = enqueued(vllm_app)  # a refused request adds none, whatever earlier tests left running
     r = post(vllm_app.test_client(), path, {"max_tokens": 2, **body})
     assert r.status_code == 400, r.json
     assert r.json["type"] == "invalid_text" and f"{field}" in r.json["error"], r.json
-    nothing_ran(vllm_app, before)
+    assert enqueued(vllm_app) == before  # nothing reached either engine
 
 
 @pytest.mark.parametrize(("path", "body", "param"), OPENAI)
 def test_openai_routes_answer_openais_400_with_the_param(vllm_app, path, body, param):
-    before = vllm_app.extensions["engines"]["static"].rounds
+    before = enqueued(vllm_app)
     r = post(vllm_app.test_client(), path, {"model": MODEL, "max_tokens": 2, **body})
     assert r.status_code == 400, r.json
     error = r.json["error"]
     assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", "invalid_text", param), error
     assert "not valid Unicode text" in error["message"]
-    nothing_ran(vllm_app, before)
+    assert enqueued(vllm_app) == before

@@ -4,8 +4,10 @@ import dataclasses
 import logging
 import threading
 
+import pytest
+
 from tests.helpers import wait_until
-from tests.helpers.apps import post
+from tests.helpers.apps import own_app, post
 
 PROMPTS = [
     "The capital of France is",
@@ -65,8 +67,16 @@ def test_sixteen_concurrent_requests_each_get_their_own_text(vllm_app):
     assert len({r["text"] for r in replies.values()}) > 1
 
 
-def test_a_timed_out_request_is_aborted_in_the_engine(vllm_app, vllm_client, short_timeout, unpredicted, monkeypatch):
-    engine, gate = vllm_app.extensions["engines"]["vllm"], threading.Event()
+@pytest.fixture
+def short_timeout_app():
+    """An app of its own, both engines, with a REQUEST_TIMEOUT_S of 2 s (about 15 s to start here)."""
+    with own_app(request_timeout_s=2.0) as app:
+        yield app
+
+
+def test_a_timed_out_request_is_aborted_in_the_engine(short_timeout_app, monkeypatch):
+    app, client = short_timeout_app, short_timeout_app.test_client()
+    engine, gate = app.extensions["engines"]["vllm"], threading.Event()
     real_step = engine.engine.step
 
     def held_step():  # the real step, once the test lets it go
@@ -74,18 +84,18 @@ def test_a_timed_out_request_is_aborted_in_the_engine(vllm_app, vllm_client, sho
         return real_step()
 
     monkeypatch.setattr(engine.engine, "step", held_step)
-    short_timeout(2.0)  # admitted (no prediction); no step can run before the deadline
+    # admitted (its engine is idle); no step can run before the 2 s deadline
     replies = []
     body = {"prompts": ["Tell me a long story about"] * 4, "max_tokens": 400}
-    request = threading.Thread(target=lambda: replies.append(post(vllm_app.test_client(), "/generate_vllm", body)))
+    request = threading.Thread(target=lambda: replies.append(post(app.test_client(), "/generate_vllm", body)))
     request.start()
     wait_until(lambda: engine.unfinished() == 4, 60, "the four prompts to be in the engine")
     request.join(60)
     assert replies[0].status_code == 504 and replies[0].json["type"] == "deadline_exceeded"
     gate.set()
     wait_until(lambda: engine.unfinished() == 0 and engine.inflight() == 0, 60, "the engine to abort")
-    short_timeout(120)
-    assert post(vllm_client, "/generate_vllm", {"prompts": ["Hi"], "max_tokens": 2}).status_code == 200
+    app.config["SERVICE"] = dataclasses.replace(app.config["SERVICE"], request_timeout_s=120)  # its own app
+    assert post(client, "/generate_vllm", {"prompts": ["Hi"], "max_tokens": 2}).status_code == 200
 
 
 def test_vllm_metrics_count_steps_and_tokens(vllm_client):

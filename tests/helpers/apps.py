@@ -68,3 +68,9 @@ def over_http(app: Flask) -> Iterator[str]:
     finally:
         server.shutdown()
         thread.join(30)
+
+
+def enqueued(app: Flask) -> dict[str, float]:
+    """`prompts_counted` of each engine: equal before and after a request, it enqueued nothing,
+    whatever earlier tests left running (a stream a client closed is dropped at its next step)."""
+    return {name: prompts_counted(app, name) for name in app.extensions["engines"]}
