@@ -106,13 +106,13 @@ TEST_WORKERS ?= auto
 test: setup
 	$(PY) -m pytest -q --durations=25 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder) tests
 
-# The fast tier: lint, then the test modules that load no model and start no server (each says
-# so: `pytestmark = pytest.mark.unit`), named here so that pytest imports nothing else.
-UNIT_TESTS = $(shell grep -l '^pytestmark = pytest.mark.unit' tests/test_*.py)
+# The fast tier: lint, then tests/unit (no model, no server; tests/unit/conftest.py), so that
+# pytest imports no other test module. tests/integration runs the app in this process, tests/e2e
+# a real gunicorn; `make test` runs all three (docs/testing.md).
 check: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -q -p no:randomly $(UNIT_TESTS)
+	$(PY) -m pytest -q -p no:randomly tests/unit
 
 bench: setup
 	LD_PRELOAD=$(PRELOAD) $(PY) -m bench $(BENCH_ARGS)

@@ -17,9 +17,7 @@ from service.bodies.sampling import Sampling
 from service.config import Config
 from service.errors import InvalidRequest, TooManyPrompts, UnknownField
 
-pytestmark = pytest.mark.unit  # no model, no server: `make check` runs it
-
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 CONFIG = Config(max_prompts_per_request=8)
 NAME = re.compile(r"`([a-z_]+(?:\.[a-z_]+)?)`")
 

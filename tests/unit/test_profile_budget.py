@@ -11,8 +11,6 @@ import pytest
 
 from batcher.profile import candidate, choose, fidelity, measure, session
 
-pytestmark = pytest.mark.unit  # no model, no server: `make check` runs it
-
 REFERENCE = [[i] * fidelity.MAX_TOKENS for i in range(len(fidelity.PROMPTS))]
 TEXTS = [f"prompt {i}" for i in range(len(REFERENCE))]
 

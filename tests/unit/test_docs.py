@@ -10,9 +10,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.unit  # no model, no server: `make check` runs it
-
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 README_MAX_LINES = 250
 

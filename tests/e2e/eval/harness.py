@@ -1,11 +1,11 @@
 """lm-eval's own command line (`lm_eval._cli.HarnessCLI`, what `python -m lm_eval` runs), once per
 argument list, all in one process, indexing only the tasks of `--include_path`:
 
-    python -m tests.eval.harness ARGS... [--next ARGS...]...
+    python -m tests.e2e.eval.harness ARGS... [--next ARGS...]...
 
 Each `python -m lm_eval` pays twice before its first request: ~4 s of imports, and its TaskManager
 indexing the ~14,000 YAML files of lm-eval's own tasks (25 s on a busy 2-core machine, measured
-2026-12-02), whatever `--tasks` asks for. tests/test_eval.py runs `python -m lm_eval` itself once,
+2026-12-02), whatever `--tasks` asks for. tests/e2e/test_eval.py runs `python -m lm_eval` itself once,
 as docs/openai.md gives it, so that what a user runs is tested with both costs; its other runs go
 through this, which pays the imports once and indexes ours alone (`include_defaults=False`, the
 TaskManager's own switch): the same CLI code parses the same arguments and runs the same tasks.

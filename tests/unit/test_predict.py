@@ -14,8 +14,6 @@ from batcher.predict import (
     Work,
 )
 
-pytestmark = pytest.mark.unit  # no model, no server: `make check` runs it
-
 
 def test_a_clock_knows_nothing_until_fed_then_bounds_a_width_it_has_not_measured():
     clock = WidthClock()

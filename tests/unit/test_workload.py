@@ -9,8 +9,6 @@ from batcher.sequence import Sequence, Status
 from batcher.workload import Workload
 from tests.helpers import WatchedQueue, wait_until
 
-pytestmark = pytest.mark.unit  # no model, no server: `make check` runs it
-
 
 def seqs(*prompts):
     return [Sequence(p) for p in prompts]

@@ -17,8 +17,6 @@ from batcher.sequence import Sequence
 from batcher.workload import Workload
 from service.errors import describe
 
-pytestmark = pytest.mark.unit  # no model, no server: `make check` runs it
-
 
 class FakeTime:
     def __init__(self) -> None:

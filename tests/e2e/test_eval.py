@@ -1,6 +1,6 @@
 """EleutherAI's lm-evaluation-harness against `make serve` (nginx, gunicorn), on both engines, as a
 user runs it: `python -m lm_eval --model local-completions` with the local model folder as its tokenizer and
-our own two tasks (tests/eval/: data in the repository, nothing from a hub).
+our own two tasks (tests/e2e/eval/: data in the repository, nothing from a hub).
 
 tiny_facts is multiple choice: each choice is one loglikelihood request, sent with `echo`,
 `logprobs: 1` and `max_tokens: 1`, and scored from the prompt's token logprobs that come back.
@@ -30,7 +30,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from deploy.server import ROOT
 from tests.helpers.servers import KEY
 
-TASKS = ROOT / "tests" / "eval"
+TASKS = ROOT / "tests" / "e2e" / "eval"
 MODEL = "SmolLM2-135M-Instruct"
 BASES = {"vllm": "/v1", "static": "/static/v1"}
 RUNS = [(engine, tokenized) for engine in BASES for tokenized in (True, False)]
@@ -84,8 +84,8 @@ def lm_eval_args(url: str, model_path: str, tokenized: bool, output: Path) -> li
 def runs(server, model_path, tmp_path_factory) -> dict[tuple[str, bool], dict]:
     """The four lm_eval runs against the one server, in two processes at once: the first run is
     `python -m lm_eval` itself (the CLI as a user runs it), the other three go through the same
-    CLI code one after another in one process (tests/eval/harness.py), which pays lm-eval's imports
-    once instead of three times and indexes only tests/eval's tasks, not lm-eval's ~14,000 (25 s a
+    CLI code one after another in one process (tests/e2e/eval/harness.py), which pays lm-eval's imports
+    once instead of three times and indexes only tests/e2e/eval's tasks, not lm-eval's ~14,000 (25 s a
     run, busy): the first run's index overlaps the harness's runs. (engine, tokenized) ->
     {"results": the results file, "samples": {task: [sample, ...]}}."""
     out = tmp_path_factory.mktemp("lm_eval")
@@ -97,7 +97,7 @@ def runs(server, model_path, tmp_path_factory) -> dict[tuple[str, bool], dict]:
     harness = [arg for run in rest for arg in ("--next", *args[run])][1:]
     commands = [
         [sys.executable, "-m", "lm_eval", *args[first]],
-        [sys.executable, "-m", "tests.eval.harness", *harness],
+        [sys.executable, "-m", "tests.e2e.eval.harness", *harness],
     ]
     # from another directory (the tasks find their data from any working directory); the
     # harness module is found through PYTHONPATH

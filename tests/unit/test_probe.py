@@ -18,8 +18,6 @@ from deploy.probe import HEALTH, LIVE_STALE_S, STALE_S, spawn
 from deploy.server import ROOT, free_port_run
 from service.beacon import Beacon
 
-pytestmark = pytest.mark.unit  # no model, no server: `make check` runs it
-
 OK_BODY = {"status": "ok", "engines": {"static": {"status": "ready"}}}
 
 

@@ -22,7 +22,7 @@ from deploy.server import free_port_run
 from tests.helpers import wait_until
 from tests.helpers.traffic import MAX_TOKENS, PROMPTS, sse_events
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 THREADS, REPLICAS = 8, 2  # 8: enough that each replica holds work at its SIGTERM; more only lengthens drains
 AFTER = 2 * THREADS  # requests sent once the rolling restart has ended: traffic before, during, after
 BAD = [  # (body, status, type): answered by a replica through nginx, never retried

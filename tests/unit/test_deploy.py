@@ -17,8 +17,6 @@ import pytest
 from deploy import cluster
 from service.config import Config
 
-pytestmark = pytest.mark.unit  # no model, no server: `make check` runs it
-
 NGINX = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin")
 
 
@@ -175,7 +173,7 @@ def test_serve_without_nginx_warns_and_runs_plain_gunicorn_on_host_and_port(tmp_
 
 
 # --- safe by default: loopback unless HOST says otherwise, and a warning when open to all ---------
-GUNICORN_CONF = Path(__file__).resolve().parent.parent / "gunicorn.conf.py"
+GUNICORN_CONF = Path(__file__).resolve().parents[2] / "gunicorn.conf.py"
 
 
 @pytest.mark.parametrize(

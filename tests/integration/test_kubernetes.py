@@ -25,7 +25,7 @@ import yaml
 
 from tests.helpers.apps import over_http
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 KUBE = ROOT / "deploy" / "kubernetes"
 OVERLAYS = ("cpu", "gpu", "autoscale", "inference-pool")
 # the oldest release with the preStop `sleep` action on by default (beta in 1.30, GA in 1.34),

@@ -8,8 +8,6 @@ from service.config import Config
 from service.errors import InvalidRequest
 from service.params import chat_logprobs, parse_n, parse_sampling
 
-pytestmark = pytest.mark.unit  # no model, no server: `make check` runs it
-
 CONFIG = Config()
 
 

@@ -1,5 +1,5 @@
 """The tasks' data, read from the JSONL files next to this file, so that `lm_eval --include_path
-tests/eval` finds them from any working directory (a YAML `dataset_kwargs: {data_files: ...}`
+tests/e2e/eval` finds them from any working directory (a YAML `dataset_kwargs: {data_files: ...}`
 path is resolved against the cwd by `datasets`, not against the YAML)."""
 
 from pathlib import Path
