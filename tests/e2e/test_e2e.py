@@ -16,7 +16,7 @@ from tests.helpers.servers import KEY, auth
 
 @pytest.fixture(scope="module")
 def server(shared_server):
-    return shared_server  # tests/conftest.py: the session's gunicorn, API_KEY set
+    return shared_server  # tests/e2e/conftest.py: the session's gunicorn, API_KEY set
 
 
 def generate(server, path, body, **kw):

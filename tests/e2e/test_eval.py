@@ -44,7 +44,7 @@ TOLERANCE = {"float32": 1e-3, "float16": 0.1, "bfloat16": 0.8}
 
 @pytest.fixture(scope="module")
 def server(served):
-    """`make serve` at the service's defaults (tests/conftest.py's `served`: every `auto` from this
+    """`make serve` at the service's defaults (tests/e2e/conftest.py's `served`: every `auto` from this
     machine's profile, not the session's PINNED fp32 eager), lm-eval going through its nginx as a
     user's would; its own xdist group, so lm-eval's minutes run beside the shared server's tests."""
     return served

@@ -18,7 +18,6 @@ from transformers import AutoTokenizer
 
 from bench import serve_client
 from tests.helpers import BASES, MODEL, PARIS, wait_until
-from tests.helpers.apps import own_app
 from tests.helpers.servers import KEY, STATIC_SERVER_QUEUE, auth
 
 DEMO_ROUTE = {"/v1": "/generate_vllm", "/static/v1": "/generate"}
@@ -26,7 +25,7 @@ DEMO_ROUTE = {"/v1": "/generate_vllm", "/static/v1": "/generate"}
 
 @pytest.fixture(scope="module")
 def server(shared_server):
-    return shared_server  # tests/conftest.py: the session's gunicorn, keys "other-key" and KEY, 8 prompts
+    return shared_server  # tests/e2e/conftest.py: the session's gunicorn, keys "other-key" and KEY, 8 prompts
 
 
 @pytest.fixture(scope="module")
@@ -310,56 +309,3 @@ def test_a_disabled_engine_answers_503_as_the_sdks_exception(static_server):
         client.models.list()
     assert down.value.status_code == 503 and down.value.body["code"] == "engine_unavailable"
     assert "VLLM_ENABLED" in down.value.body["message"]
-
-
-def sdk_in_process(app, base: str) -> openai.OpenAI:
-    """The SDK on an app in this process, through httpx's WSGI transport."""
-    transport = httpx.WSGITransport(app=app)
-    return openai.OpenAI(
-        base_url=f"http://service{base}", api_key="-", max_retries=0, http_client=httpx.Client(transport=transport)
-    )
-
-
-@pytest.fixture
-def in_process(vllm_app, base) -> openai.OpenAI:
-    """The SDK on the session's app in this process (tests/conftest.py's): for the errors a
-    healthy server does not make on demand."""
-    return sdk_in_process(vllm_app, base)
-
-
-@BASES
-def test_a_failed_round_is_a_500_and_a_hopeless_deadline_a_429_as_the_sdks_exceptions(
-    vllm_app, in_process, base, monkeypatch
-):
-    def broken(*args, **kwargs):
-        raise RuntimeError("the accelerator caught fire")
-
-    engine = vllm_app.extensions["engines"]["vllm" if base == "/v1" else "static"]
-    with monkeypatch.context() as patch:  # the engine's model call fails once the prompt runs
-        if base == "/v1":
-            patch.setattr(engine.engine, "step", broken)
-        else:
-            patch.setattr(engine.runner, "generate", broken)
-        with pytest.raises(openai.InternalServerError) as failed:
-            in_process.completions.create(model=MODEL, prompt=PARIS, max_tokens=2)
-    assert failed.value.status_code == 500 and failed.value.body["code"] == "generation_failed"
-    assert "caught fire" in failed.value.body["message"]
-
-    in_process.completions.create(model=MODEL, prompt=PARIS, max_tokens=2)  # measured: it predicts
-    # no first token comes within 0 ms: refused at once, as predicted (an idle engine admits past
-    # REQUEST_TIMEOUT_S whatever it predicts, but a client's own deadline still holds)
-    with pytest.raises(openai.RateLimitError) as late:
-        in_process.completions.create(model=MODEL, prompt=PARIS, max_tokens=50, extra_headers={"X-Max-Queue-Ms": "0"})
-    assert late.value.status_code == 429 and late.value.body["code"] == "wait_too_long"
-    assert int(late.value.response.headers["Retry-After"]) >= 1
-    assert in_process.completions.create(model=MODEL, prompt=PARIS, max_tokens=2, temperature=0).choices[0].text
-
-
-@BASES
-def test_a_deadline_passed_after_admission_is_a_504_as_the_sdks_exception(base):
-    # an app of its own (vLLM only for /v1) whose REQUEST_TIMEOUT_S is a microsecond: admitted (its
-    # engine is idle), and no round ends within it
-    with own_app(vllm_enabled=base == "/v1", request_timeout_s=0.000001) as app:
-        with pytest.raises(openai.InternalServerError) as late:
-            sdk_in_process(app, base).completions.create(model=MODEL, prompt=PARIS, max_tokens=50)
-    assert late.value.status_code == 504 and late.value.body["code"] == "deadline_exceeded"

@@ -17,12 +17,12 @@ from service import openai_fields
 from tests.helpers import BASES, MODEL, PARIS
 from tests.helpers.servers import auth, nothing_held
 
-# its fixtures, on the session's shared gunicorn (tests/conftest.py: both engines, API_KEY set)
+# its fixtures, on the session's shared gunicorn (tests/e2e/conftest.py: both engines, API_KEY set)
 
 
 @pytest.fixture(scope="module")
 def server(shared_server):
-    return shared_server  # tests/conftest.py: the session's gunicorn, API_KEY set
+    return shared_server  # tests/e2e/conftest.py: the session's gunicorn, API_KEY set
 
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]

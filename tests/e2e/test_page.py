@@ -12,7 +12,6 @@ import pytest
 import requests
 
 from tests.helpers import wait_until
-from tests.helpers.apps import over_http
 from tests.helpers.servers import KEY
 
 CHROMIUM = shutil.which("chromium")
@@ -28,7 +27,7 @@ RACE = "/?n=4&engines=static,vllm&mode=concurrent&max_tokens=8&run=1"
 
 @pytest.fixture(scope="module")
 def server(shared_server):
-    return shared_server  # tests/conftest.py: the session's gunicorn, both engines, API keys "other-key" and KEY
+    return shared_server  # tests/e2e/conftest.py: the session's gunicorn, both engines, API keys "other-key" and KEY
 
 
 @pytest.fixture
@@ -197,19 +196,13 @@ def test_with_api_key_the_page_asks_once_and_sends_it_as_a_bearer_token(server, 
     assert [r.get_attribute("data-state") for r in rows(browser, "static")] == ["done"]
 
 
-@pytest.fixture
-def keyless_url(app):
-    """The session's in-process app (tests/conftest.py), which sets no API_KEY, on a loopback port
-    through werkzeug in a thread: a service that needs no key, without a gunicorn start of its own."""
-    assert app.config["SERVICE"].api_keys == []
-    with over_http(app) as address:
-        yield f"http://{address}"
-
-
-def test_without_an_api_key_the_page_never_asks_for_one(keyless_url, browser):
+def test_without_an_api_key_the_page_never_asks_for_one(static_server, browser):
+    """On the static-only gunicorn (tests/e2e/conftest.py), which sets no API_KEY."""
     from selenium.webdriver.common.by import By
 
-    browser.get(keyless_url + "/?n=2&engines=static&max_tokens=2&run=1")
+    probe = requests.post(f"{static_server.url}/generate", json={"prompts": ["Hi"], "max_tokens": 1}, timeout=60)
+    assert probe.status_code == 200  # the service asks for no key
+    browser.get(static_server.url + "/?n=2&engines=static&max_tokens=2&run=1")
     wait_for_state(browser, "done", 120)  # a dialog would hold the race: it never gets here
     assert [r.get_attribute("data-state") for r in rows(browser, "static")] == ["done"] * 2
     assert browser.find_element(By.ID, "key-dialog").get_attribute("open") is None

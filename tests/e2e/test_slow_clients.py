@@ -1,6 +1,6 @@
 """`make serve` under slow clients: 500 connections that send half a request and wait, more than
 gunicorn's threads (128), while /health and /generate must still answer, and after they close.
-Real make, nginx, supervisord, gunicorn and model (tests/conftest.py's `served`, which lm-eval and
+Real make, nginx, supervisord, gunicorn and model (tests/e2e/conftest.py's `served`, which lm-eval and
 the drain on Ctrl-C share; the drain test checks that its stop leaves nothing running); loopback only.
 """
 

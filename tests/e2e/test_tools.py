@@ -25,7 +25,7 @@ from tests.helpers.servers import KEY, nothing_held
 
 @pytest.fixture(scope="module")
 def server(shared_server):
-    return shared_server  # tests/conftest.py: the session's gunicorn, API_KEY set
+    return shared_server  # tests/e2e/conftest.py: the session's gunicorn, API_KEY set
 
 
 WEATHER = {

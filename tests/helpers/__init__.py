@@ -1,6 +1,7 @@
 """What more than one test module uses: plain functions, classes and constants, imported by name
-(`from tests.helpers import wait_until`). The fixtures are in tests/conftest.py; no test
-module imports from another.
+(`from tests.helpers import wait_until`). The fixtures are in the conftest.py of each tier
+(tests/unit, tests/integration, tests/e2e) and in tests/conftest.py; no test module imports from
+another.
 
   __init__     waiting and a watched queue, the environment the model tests pin, the OpenAI names every tier uses
   workers      the static engine's runner and model thread with test hooks (imports torch)
@@ -8,6 +9,7 @@ module imports from another.
   servers      a real gunicorn: started and stopped, its API key, what it holds
   make_serve   `make serve` as a user runs it
   traffic      the load the rolling restarts send
+  profile      fakes for the profile's measuring logic: a clock, the reference's tokens
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ import pytest
 # What the model tests pin where they do not test the defaults (an operator's environment still
 # wins): fp32, so engines compare to rounding, and eager, so no test server compiles at its start
 # when this machine's profile (batcher/profile) chose compiled decoding. Set in the environment by
-# tests/conftest.py at its import (`pin_environment`), so that every app, server and child
-# process a test starts inherits it; `shared_server` names it too, since its tests compare the two
+# the integration and e2e conftests at their import (`pin_environment`), so that every app, server
+# and child process a test starts inherits it; `shared_server` names it too, since its tests compare the two
 # engines and the profile may give them different dtypes.
 PINNED = {"DTYPE": "float32", "STATIC_COMPILE": "0", "VLLM_ENFORCE_EAGER": "1"}
 

@@ -1,4 +1,4 @@
-"""What the rolling restarts (tests/test_cluster.py, tests/test_hosts.py) send: greedy prompts of a
+"""What the rolling restarts (tests/e2e/test_cluster.py, tests/e2e/test_hosts.py) send: greedy prompts of a
 few tokens, whose expected texts each test learns first, and how a streamed reply is read."""
 
 from __future__ import annotations

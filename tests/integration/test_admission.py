@@ -1,6 +1,6 @@
 """Admission against a deadline (X-Max-Queue-Ms, max_queue_ms) and /load, on the real app: the
-static engine held busy by a known backlog (conftest's held_rounds), vLLM with a 0 ms deadline,
-and one run on the real gunicorn."""
+static engine held busy by a known backlog (conftest's held_rounds), vLLM with a 0 ms deadline
+(the same on the real gunicorn: tests/e2e/test_admission.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import json
 import threading
 
 import pytest
-import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers import wait_until
@@ -235,37 +234,3 @@ def test_metrics_under_vllms_names_count_both_engines(vllm_client):
         errors = sample(text, "batcher_ttft_prediction_error_ratio_count", engine)
         assert errors - (sample(before, "batcher_ttft_prediction_error_ratio_count", engine) or 0) == 2
     assert sample(text, "generated_tokens_total", "static") >= 8  # today's names still count
-
-
-# --- the real gunicorn --------------------------------------------------------------------
-def test_under_gunicorn_a_200_ms_deadline_behind_a_backlog_is_429_and_a_generous_one_200(static_server):
-    # tests/conftest.py: static engine alone, four rows a round, REQUEST_TIMEOUT_S no prediction
-    # reaches (the deadline alone decides), one torch thread, room in its queue for all of this
-    server = static_server
-    url = server.url
-    for _ in range(2):  # two rounds measured: a cold first one is outvoted (batcher/predict.py)
-        warm = requests.post(f"{url}/generate", json={"prompts": ["Warm"] * 4, "max_tokens": 8}, timeout=600)
-        assert warm.status_code == 200 and warm.headers["x-predicted-wait"]
-    # a known backlog: 8 prompts of 16 tokens, two full rounds of real work (well over 200 ms on
-    # any CPU this runs on; minutes where the CPU is starved, 7 s a step once here)
-    body = {"prompts": [f"Story {i}" for i in range(8)], "max_tokens": 16, "ignore_eos": True}
-    answered = []
-    worker = threading.Thread(target=lambda: answered.append(requests.post(f"{url}/generate", json=body, timeout=600)))
-    worker.start()
-    server.wait_for(lambda h: h["engines"]["static"]["inflight"] == 8, 120, "the backlog in", every_s=0.01)
-    before = server.engine("static")["inflight"]
-    refused = requests.post(
-        f"{url}/generate", json={"prompts": ["Now"], "max_tokens": 4}, headers={"X-Max-Queue-Ms": "200"}, timeout=60
-    )
-    assert refused.status_code == 429 and refused.json()["type"] == "wait_too_long"
-    assert int(refused.headers["Retry-After"]) >= 1 and refused.json()["predicted"]["ttft_p90_ms"] > 200
-    assert server.engine("static")["inflight"] <= before  # nothing of it was enqueued
-    ok = requests.post(
-        f"{url}/generate",
-        json={"prompts": ["Now"], "max_tokens": 4},
-        headers={"X-Max-Queue-Ms": GENEROUS},
-        timeout=600,
-    )
-    assert ok.status_code == 200 and float(ok.headers["x-predicted-wait"]) > 0
-    worker.join(600)
-    assert answered[0].status_code == 200

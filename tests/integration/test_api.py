@@ -124,7 +124,7 @@ def test_bad_input_gets_a_json_error_and_changes_nothing(app, client, path, body
 def test_single_prompt_endpoints_validate_too(client, path, body):
     r = post(client, path, body)
     assert r.status_code == 422 and r.json["type"] == "invalid_request"
-    # /generate's list, sent here: an unknown field (tests/test_fields.py), the right name suggested
+    # /generate's list, sent here: an unknown field (tests/integration/test_fields.py), the right name suggested
     r = post(client, path, {"prompts": ["a list"]})
     assert r.status_code == 400 and "'prompts' (did you mean 'prompt'?)" in r.json["error"], r.json
 

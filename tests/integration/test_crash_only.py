@@ -7,11 +7,9 @@ leaves and a fresh one starts. Faults go in through the failpoints the engines o
 from __future__ import annotations
 
 import dataclasses
-import re
 import threading
 
 import pytest
-import requests
 
 from batcher import failpoints
 from batcher.errors import EngineDied, NotReady
@@ -19,8 +17,6 @@ from batcher.sampling import SamplingParams
 from batcher.sequence import Sequence
 from service import begin_shutdown, create_app, shutdown
 from service.config import Config
-from tests.helpers import wait_until
-from tests.helpers.servers import serving
 
 
 @pytest.fixture(autouse=True)
@@ -105,17 +101,3 @@ def test_the_app_answers_503_naming_the_dead_engine_and_health_says_failed():
         assert app.extensions["engines"]["static"].wait_drained(0)
     finally:
         shutdown(app, timeout=10)
-
-
-def test_under_gunicorn_the_worker_leaves_and_a_fresh_one_serves(tmp_path):
-    env = {"VLLM_ENABLED": "0", "FAILPOINTS": "static.round=raise", "TORCH_THREADS": "1"}
-    with serving(tmp_path, env, ready=("static",), disabled=("vllm",)) as server:
-        mark = server.log_mark()
-        died = requests.post(f"{server.url}/generate", json={"prompts": ["Hi"], "max_tokens": 2}, timeout=120)
-        assert died.status_code == 503 and died.json()["type"] == "engine_failed", died.text
-        wait_until(lambda: "this worker leaves" in server.log_text(mark), 60, "the worker to leave")
-        wait_until(lambda: "Booting worker" in server.log_text(mark), 120, "a fresh worker")
-        health = server.wait_for(lambda h: h.get("status") == "ok", 300, "the fresh worker ready")
-        assert health["engines"]["static"]["status"] == "ready"
-        pids = re.findall(r"Booting worker with pid: (\d+)", server.log_text())
-        assert len(set(pids)) == 2, pids  # the first worker, then the fresh one

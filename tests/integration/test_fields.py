@@ -1,6 +1,6 @@
 """Unknown fields on the demo routes (our own API: nothing there is unknown) are a 400 naming them,
 with the nearest known name; the OpenAI routes keep vLLM's rule (a name nobody defined is ignored),
-tests/test_openai_fields.py. On both engines, through the real app."""
+tests/e2e/test_openai_fields.py. On both engines, through the real app."""
 
 import json
 

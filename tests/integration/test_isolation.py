@@ -134,7 +134,7 @@ def four_in_one_round(app, held_rounds, bad_body: dict, path: str = "/generate")
 
 def test_a_poison_prompt_beside_three_good_requests_harms_none_of_them(app, held_rounds):
     bad, _ = four_in_one_round(app, held_rounds, {"prompts": ["\ud800"]})
-    # refused before the queue (tests/test_text.py); were it not, its row would fail alone
+    # refused before the queue (tests/integration/test_text.py); were it not, its row would fail alone
     assert bad.status_code == 400 and bad.json["type"] == "invalid_text", bad.json
 
 

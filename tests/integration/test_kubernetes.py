@@ -170,7 +170,7 @@ def served_app(vllm_app):
 
 def run_probe(command: list[str], address: str) -> int:
     """The exec probe's command, with this venv's python and the test server's address (the probe
-    port answers the worker's /health body: tests/test_probe.py)."""
+    port answers the worker's /health body: tests/unit/test_probe.py)."""
     env = {e["name"]: e.get("value") for e in server_container(rendered("cpu"))["env"]}
     script = command[-1].replace(f"127.0.0.1:{env['PROBE_PORT']}", address)
     assert script != command[-1], "the probe names the container's own probe port"

@@ -159,8 +159,8 @@ def test_a_candidate_past_its_cap_is_killed_with_its_process_and_not_eligible(mo
 
 
 # Eager, on fp16 and bf16 (issue 25: both engines answer on every candidate the machine supports).
-# fp32 eager is not repeated here: it is what the rest of the suite runs on both engines (PINNED in
-# tests/conftest.py), and test_openai.py asserts " Paris" from each engine on it; here each other
+# fp32 eager is not repeated here: it is what the rest of the suite runs on both engines (PINNED,
+# tests/helpers/__init__.py), and tests/e2e/test_openai.py asserts " Paris" from each engine on it; here each other
 # dtype must produce tokens (bf16 is unfaithful on every CPU measured, so not Paris). vLLM's
 # candidates share one child process (`vllm_child`), as the profile's do: its imports, the most of a
 # vLLM start here, are paid once for both dtypes and the cap test (a child each: 32-39 s, quiet).

@@ -95,7 +95,7 @@ def test_a_greedy_prompt_stays_greedy_next_to_a_sampled_one(runner_fp32):
 
 
 def test_an_over_long_prompt_is_never_cut_by_the_runner(runner_fp32):
-    """The service refuses one, or cuts it as the request asks (tests/test_context.py); one that
+    """The service refuses one, or cuts it as the request asks (tests/integration/test_context.py); one that
     reaches the runner anyway fails its row (a ValueError in its tokenization), never cut."""
     short_window = copy.copy(runner_fp32)
     short_window.max_input_tokens = 4

@@ -4,12 +4,10 @@ what they answer is the tokenizer's own output, and the chat template's for mess
 from __future__ import annotations
 
 import pytest
-import requests
 from transformers import AutoTokenizer
 
 from service import create_app
 from service.config import Config
-from tests.helpers.servers import auth
 
 PREFIXES = pytest.mark.parametrize("prefix", ["", "/static"])
 MESSAGES = [
@@ -112,18 +110,6 @@ def test_the_largest_id_of_the_vocabulary_detokenizes(vllm_client, tokenizer):
     for prefix in ("", "/static"):
         r = post(vllm_client, f"{prefix}/detokenize", {"tokens": [top]})
         assert r.status_code == 200 and r.json["prompt"] == tokenizer.decode([top])
-
-
-@PREFIXES
-@pytest.mark.parametrize("path, body", [("tokenize", {"prompt": "hi"}), ("detokenize", {"tokens": [1]})])
-def test_the_api_key_is_required_when_set(shared_server, prefix, path, body):
-    url = f"{shared_server.url}{prefix}/{path}"  # tests/conftest.py's gunicorn, which sets API keys
-    none = requests.post(url, json=body, timeout=60)
-    assert none.status_code == 401 and none.json()["error"]["code"] == "invalid_api_key"
-    wrong = requests.post(url, json=body, headers={"Authorization": "Bearer nope"}, timeout=60)
-    assert wrong.status_code == 401
-    ok = requests.post(url, json=body, headers=auth(), timeout=60)
-    assert ok.status_code == 200
 
 
 def test_an_engine_that_is_not_ready_answers_503_as_the_openai_routes_do():
