@@ -98,9 +98,10 @@ cluster: setup
 rolling-restart:
 	PORT=$(PORT) CLUSTER_DIR=$(CLUSTER_DIR) $(PY) -m deploy.cluster rolling-restart
 
-# One pytest-xdist worker per core, each pinned to its own (tests/__init__.py); what shares an
-# expensive fixture runs in one worker, the longest groups first (tests/conftest.py, hence
-# --no-loadscope-reorder). TEST_WORKERS=0: one process, as before.
+# All three tiers (tests/unit, tests/integration, tests/e2e). One pytest-xdist worker per core,
+# each pinned to its own (tests/__init__.py); what shares an expensive fixture runs in one worker,
+# e2e's groups first, unit's last (tests/conftest.py, hence --no-loadscope-reorder; the grouping
+# needs pytest 9.1, requirements-dev.txt). TEST_WORKERS=0: one process.
 # The 25 slowest steps close the log: where CI time goes.
 TEST_WORKERS ?= auto
 test: setup

@@ -20,47 +20,42 @@ def model_path() -> str:
 
 # --- pytest-xdist: what goes to which worker, and in what order ----------------------------------
 # What shares an expensive fixture runs in one worker: the first of SHARED_FIXTURES a test uses
-# names its group (the fixture names whose instance costs an engine start or more), else its
-# module does (a module's own module-scoped server then starts once). The groups go out longest
-# first (LPT), so that no long group starts while the other worker runs out of work (the rolling
-# restart once ran last, alone, for 280 s; `served`'s group, priced at its old modules' seconds,
-# once left one worker 184 s after the other): COST_S holds each module's seconds (every test and
-# fixture of it, summed over both workers) from a quiet run on a warm tree on the AMD EPYC (Zen 4)
-# here, 2026-12-03; only the order depends on them, and a module not named counts 1 s a test.
-# `make test` passes --no-loadscope-reorder, since xdist would otherwise send the groups with the
-# most tests first, whatever they cost.
-SHARED_FIXTURES = ("shared_server", "app", "runner_fp32", "static_server", "served")
-COST_S = {
-    "test_cluster": 180, "test_tools": 130, "test_eval": 126, "test_structured": 103, "test_sampling": 95,
-    "test_profile": 72, "test_openai": 71, "test_static_compile": 67, "test_slow_clients": 46, "test_fuzz": 33,
-    "test_overload": 50, "test_isolation": 30, "test_page": 29, "test_bench_smoke": 28, "test_drain": 27,
-    "test_admission": 23, "test_runner": 20, "test_openai_fields": 18, "test_streaming": 16, "test_echo": 14,
-    "test_vllm": 10, "test_api": 10, "test_worker": 9, "test_context": 8, "test_e2e": 7, "test_race": 5,
-    "test_kubernetes": 5, "test_hosts": 230, "test_crash_only": 50, "test_request_bounds": 15, "test_recovery": 2,
-}  # fmt: skip
-
-
-def _costs(items: list) -> dict:
-    """Each test's estimated seconds: its module's COST_S shared evenly by the module's tests."""
-    name = {item: item.module.__name__.rpartition(".")[2] for item in items}
-    count: dict[str, int] = {}
-    for item in items:
-        count[name[item]] = count.get(name[item], 0) + 1
-    return {item: COST_S.get(name[item], count[name[item]]) / count[name[item]] for item in items}
+# (its whole closure) names its group, else its module does (a module's own module-scoped server
+# then starts once). xdist sends a worker the next group when it is nearly out of work, in the
+# order of the items here (`make test` passes --no-loadscope-reorder, since xdist would otherwise
+# send the groups with the most tests first, whatever they cost), so the longest go first and the
+# short ones even out the end: no long group may start while the other worker runs dry (the rolling
+# restart once ran last, alone, for 280 s). The rule, not a table of seconds to keep measured:
+# tier first, e2e (servers start: a minute or more each), then integration (the model in this
+# process), then unit (seconds); within a tier, the shared fixtures' groups in SHARED_FIXTURES'
+# order, which lists each tier's by size (on the AMD EPYC Zen 4 here, 2026-12-03: the shared
+# gunicorn's chain ~270 s, `make serve`'s ~175 s, static_server's ~60 s; the in-process app's
+# ~145 s, the runner's ~100 s), then each module's own group, most tests first.
+SHARED_FIXTURES = ("shared_server", "served", "static_server", "app", "runner_fp32")
+TIERS = ("e2e", "integration", "unit")
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Groups the tests and orders the groups longest first (stably: pytest-randomly's order stays
-    within each group). The group is xdist's own `xdist_group` mark, added here, before
-    pytest-xdist's hook reads it (hence tryfirst) and writes it into the node id that
-    `--dist loadgroup` schedules by; that works on pytest 9.1, not 9.2 (requirements-dev.txt)."""
-    costs, group, total = _costs(items), {}, {}
+    """Groups the tests and orders the groups (stably: pytest-randomly's order stays within each
+    group). The group is xdist's own `xdist_group` mark, added here, before pytest-xdist's hook
+    reads it (hence tryfirst) and writes it into the node id that `--dist loadgroup` schedules by;
+    that works on pytest 9.1, not 9.2 (requirements-dev.txt)."""
+    group, rank, count = {}, {}, {}
     for item in items:
         names = item.fixturenames  # the whole closure: a fixture's own fixtures too
-        group[item] = next((name for name in SHARED_FIXTURES if name in names), item.module.__name__)
-        total[group[item]] = total.get(group[item], 0.0) + costs[item]
+        shared = next((name for name in SHARED_FIXTURES if name in names), None)
+        group[item] = shared or item.module.__name__
+        tier = item.module.__name__.split(".")[1]  # tests.<tier>.test_x
+        if tier not in TIERS:
+            raise pytest.UsageError(f"{item.nodeid}: test modules live in tests/unit, tests/integration or tests/e2e")
+        rank[group[item]] = (TIERS.index(tier), SHARED_FIXTURES.index(shared) if shared else len(SHARED_FIXTURES))
+        count[group[item]] = count.get(group[item], 0) + 1
     # a group's tests stay together; one marked `last` (it stops the group's server) goes after the rest
-    items.sort(key=lambda item: (-total[group[item]], group[item], item.get_closest_marker("last") is not None))
+    items.sort(key=lambda item: (*rank[group[item]], -count[group[item]], group[item], _last(item)))
     for item in items:
         item.add_marker(pytest.mark.xdist_group(group[item]))
+
+
+def _last(item) -> bool:
+    return item.get_closest_marker("last") is not None
