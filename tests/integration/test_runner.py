@@ -1,0 +1,151 @@
+"""The model itself, on the real default model: left padding, per-row parameters, detokenizing."""
+
+import copy
+import queue
+
+import pytest
+
+from batcher.sampling import SamplingParams
+from batcher.sequence import Sequence
+from batcher.static.runner import RoundRows
+from tests.helpers.workers import PROMPTS, run
+
+
+def greedy(prompt, max_tokens=20, **kw):
+    return Sequence(prompt, SamplingParams(max_tokens=max_tokens), **kw)
+
+
+def test_the_capital_of_france_is_paris(runner_fp32):
+    [(text, reason)] = run(runner_fp32, [greedy("The capital of France is")])
+    assert text.startswith(" Paris.")
+    assert reason == "length"
+
+
+def test_on_a_cpu_the_linears_are_packed_and_give_transformers_own_logits(runner_fp32):
+    """batcher/static/linear.py: every linear runs oneDNN on a packed weight, and the model's
+    logits over a padded batch are those of the model as transformers loads it, to fp32 rounding."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from batcher.static.linear import PackedLinear
+
+    if runner_fp32.device != "cpu":
+        pytest.skip("linears are packed on a CPU only")
+    linears = [m for m in runner_fp32.model.modules() if isinstance(m, torch.nn.Linear | PackedLinear)]
+    assert linears and all(isinstance(m, PackedLinear) for m in linears), {type(m) for m in linears}
+    plain = AutoModelForCausalLM.from_pretrained(runner_fp32.settings.model_path, dtype=torch.float32).eval()
+    inputs = runner_fp32.encode(PROMPTS)
+    with torch.inference_mode():
+        packed_logits, plain_logits = runner_fp32.model(**inputs).logits, plain(**inputs).logits
+    real = inputs["attention_mask"].bool()
+    assert torch.allclose(packed_logits[real], plain_logits[real], atol=1e-3, rtol=0), (
+        (packed_logits[real] - plain_logits[real]).abs().max()
+    )
+    assert (packed_logits[real].argmax(-1) == plain_logits[real].argmax(-1)).all()
+
+
+def test_fp16_linears_that_cannot_be_packed_widen_a_prefill_to_fp32_and_leave_a_decode_step_fp16():
+    """batcher/static/linear.py on a CPU without oneDNN fp16: a call of WIDEN_FROM rows or more (a
+    round's tokens: rows x positions) is computed in fp32 from the fp16 weight and rounded back;
+    fewer run torch's fp16 kernel as before. Where oneDNN packs fp16 (AVX512-FP16), they are packed."""
+    import torch
+
+    from batcher.static.linear import WIDEN_FROM, PackedLinear, WidenedLinear, pack_linears
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.Linear(96, 32, bias=False)).half()
+    plain, reference = copy.deepcopy(model), copy.deepcopy(model).float()
+    done = pack_linears(model, 4)
+    if isinstance(model[0], PackedLinear):
+        pytest.skip("oneDNN packs fp16 on this CPU")
+    assert done == f"2 fp16 linears widened to fp32 from {WIDEN_FROM} rows"
+    assert all(isinstance(layer, WidenedLinear) for layer in model)
+    decode = torch.randn(WIDEN_FROM - 1, 1, 64).half()  # a decode step: one position per row
+    prefill = torch.randn(2, WIDEN_FROM // 2, 64).half()  # a prefill: rows x positions
+    with torch.inference_mode():
+        assert torch.equal(model(decode), plain(decode))
+        first = torch.nn.functional.linear(prefill.float(), plain[0].weight.float(), plain[0].bias.float())
+        assert torch.equal(model[0](prefill), first.half())
+        out = model(prefill)
+        assert out.dtype == torch.float16
+        assert torch.allclose(out.float(), reference(prefill.float()), atol=1e-2, rtol=0)
+
+
+def test_greedy_output_is_the_same_alone_and_in_a_padded_batch(runner_fp32):
+    alone = [run(runner_fp32, [greedy(p)])[0][0] for p in PROMPTS]
+    batch = [text for text, _ in run(runner_fp32, [greedy(p) for p in PROMPTS])]
+    assert runner_fp32.encode(PROMPTS)["attention_mask"][1].tolist()[0] == 0  # "Hi" is left-padded
+    assert batch == alone
+
+
+def test_max_tokens_is_per_prompt_inside_one_round(runner_fp32):
+    short, long = greedy("Once upon a time", max_tokens=5), greedy("Once upon a time", max_tokens=50)
+    (short_text, short_reason), (long_text, _) = run(runner_fp32, [short, long])
+    assert len(short.token_ids) <= 5 and short_reason == "length"
+    assert len(long.token_ids) > 5
+    assert long_text.startswith(short_text)
+
+
+def test_a_greedy_prompt_stays_greedy_next_to_a_sampled_one(runner_fp32):
+    [(alone, _)] = run(runner_fp32, [greedy(PROMPTS[2])])
+    sampled = Sequence(PROMPTS[3], SamplingParams(max_tokens=20, temperature=1.5, top_p=0.95))
+    (mixed, _), (sampled_text, _) = run(runner_fp32, [greedy(PROMPTS[2]), sampled])
+    assert mixed == alone
+    assert sampled_text  # the sampled row produced text of its own
+
+
+def test_an_over_long_prompt_is_never_cut_by_the_runner(runner_fp32):
+    """The service refuses one, or cuts it as the request asks (tests/integration/test_context.py); one that
+    reaches the runner anyway fails its row (a ValueError in its tokenization), never cut."""
+    short_window = copy.copy(runner_fp32)
+    short_window.max_input_tokens = 4
+    with pytest.raises(ValueError, match="more than MAX_INPUT_TOKENS=4"):
+        short_window.tokenize("one two three four five six seven eight nine ten")
+    with pytest.raises(ValueError, match="more than MAX_INPUT_TOKENS=4"):
+        short_window.tokenize(tuple(range(5)))
+    assert short_window.tokenize("one two") == runner_fp32.tokenizer("one two")["input_ids"]
+
+
+def test_streamed_pieces_join_into_the_decoded_text_without_broken_characters(runner_fp32):
+    import torch
+
+    tokenizer = runner_fp32.tokenizer
+    text = " 안녕하세요, 세계! Ünïcödé – naïve café 😀 done"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    seq = Sequence("x", SamplingParams(max_tokens=len(ids) + 1), pieces=queue.SimpleQueue())
+    rows = RoundRows([seq], tokenizer, runner_fp32.eos_ids)
+    for token in ids:  # one decoding step at a time, as generate() calls the streamer
+        rows.put(torch.tensor([token]))
+    rows.finish(0)
+    final = seq.text
+    pieces = []
+    while not seq.pieces.empty():
+        _, piece = seq.pieces.get()
+        if piece is not None:
+            pieces.append(piece)
+    assert "".join(pieces) == final == tokenizer.decode(ids)
+    assert not any("\ufffd" in piece for piece in pieces)
+    assert len(pieces) > 5  # it really streamed, piece by piece
+
+
+def test_eos_ends_a_row_with_reason_stop(runner_fp32):
+    import torch
+
+    seq = greedy("x", max_tokens=10)
+    rows = RoundRows([seq], runner_fp32.tokenizer, runner_fp32.eos_ids)
+    rows.put(torch.tensor([[1, 2, 3]]))  # the prompt: ignored
+    rows.put(torch.tensor([runner_fp32.tokenizer.encode(" Paris")[0]]))
+    rows.put(torch.tensor([next(iter(runner_fp32.eos_ids))]))
+    assert rows(torch.zeros(1, 1), None).tolist() == [True]
+    assert (rows.finish(0), seq.text) == ("stop", " Paris")
+
+
+def test_ignore_eos_generates_exactly_max_tokens(runner_fp32):
+    prompt = "Write one sentence about the sea."
+    [(_, reason)] = run(runner_fp32, [greedy(prompt, max_tokens=20)])
+    natural = greedy(prompt, max_tokens=20)
+    run(runner_fp32, [natural])
+    forced = Sequence(prompt, SamplingParams(max_tokens=20, ignore_eos=True))
+    (_, forced_reason), (_, other_reason) = run(runner_fp32, [forced, greedy(prompt, max_tokens=20)])
+    assert reason == other_reason == "stop" and len(natural.token_ids) < 20  # this prompt ends early
+    assert len(forced.token_ids) == 20 and forced_reason == "length"

@@ -1,0 +1,211 @@
+"""STATIC_COMPILE: the static engine decoding through a compiled step over a static KV cache.
+
+The runner-level tests run twice, eager and compiled: per-row parameters, streaming and
+cancellation must hold either way, and the compiled runner must give the eager runner's tokens.
+The compiled runner is sized so that every round here fits one cache length (64) and is padded to
+one batch size (4): one graph, compiled once for the module (about 90 s on this CPU).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+import pytest
+
+from batcher import fence
+from batcher.sampling import SamplingParams
+from batcher.sequence import Sequence
+from batcher.static.runner import Runner, cache_bucket
+from batcher.static.worker import ModelWorker
+from service import create_app, shutdown
+from service.config import Config
+from tests.helpers.workers import PROMPTS, run, static_settings
+
+SMALL = {"max_input_tokens": 24, "max_new_tokens_limit": 40}  # 64: one cache length for every round
+
+
+@pytest.fixture(scope="module")
+def compiled(model_path, runner_fp32) -> Runner:
+    # `runner_fp32` (the session's, loaded anyway) puts every test of this runner in its xdist
+    # group (tests/conftest.py), so that the module compiles once: the service test below, in a
+    # group of its own, compiled it again on the other worker (98 s there, 2026-12-02)
+    runner = Runner(static_settings(model_path, dtype="float32", static_compile="1", batch_size=4, **SMALL))
+    # compiling patches torch process-wide: not while another test's vLLM engine builds or steps
+    with fence.model_work(), fence.static_round():
+        assert runner.compiles and runner.warm_up() > 0
+    return runner
+
+
+@pytest.fixture(params=["eager", "compiled"])
+def runner(request, runner_fp32):
+    return runner_fp32 if request.param == "eager" else request.getfixturevalue("compiled")
+
+
+def mixed_round() -> list[Sequence]:
+    """Four rows, four kinds of parameters, in one round."""
+    return [
+        Sequence(PROMPTS[0], SamplingParams(max_tokens=12, logprobs=2)),
+        Sequence(PROMPTS[1], SamplingParams(max_tokens=6, temperature=0.8, seed=11, ignore_eos=True)),
+        Sequence(PROMPTS[2], SamplingParams(max_tokens=16, stop=(" degrees",))),
+        Sequence(PROMPTS[3], SamplingParams(max_tokens=10, repetition_penalty=1.3, top_k=5, ignore_eos=True)),
+    ]
+
+
+def test_compiled_decoding_gives_the_eager_tokens_row_for_row(runner_fp32, compiled):
+    eager, fast = mixed_round(), mixed_round()
+    assert run(runner_fp32, eager) == run(compiled, fast)
+    for a, b in zip(eager, fast, strict=True):
+        assert a.token_ids == b.token_ids and a.prompt_tokens == b.prompt_tokens
+        assert [t.token_id for t in a.logprobs] == [t.token_id for t in b.logprobs]
+        assert [t.logprob for t in a.logprobs] == pytest.approx([t.logprob for t in b.logprobs], abs=1e-3)
+    assert len(fast[0].logprobs) == len(fast[0].token_ids) and len(fast[0].logprobs[0].top) == 2
+
+
+def test_per_row_max_tokens_stop_and_seed_hold(runner):
+    [(alone, _)] = run(runner, [Sequence(PROMPTS[2], SamplingParams(max_tokens=12, ignore_eos=True))])
+    stop = alone.split()[2]
+    seeded = SamplingParams(max_tokens=8, temperature=1.0, seed=5, ignore_eos=True)
+    rows = [
+        Sequence(PROMPTS[0], SamplingParams(max_tokens=3, ignore_eos=True)),
+        Sequence(PROMPTS[1], seeded),
+        Sequence(PROMPTS[2], SamplingParams(max_tokens=12, stop=(stop,))),
+    ]
+    (short, short_reason), (sampled, _), (stopped, stop_reason) = run(runner, rows)
+    assert len(rows[0].token_ids) == 3 and short_reason == "length"
+    assert stop_reason == "stop" and stopped == alone[: alone.index(stop)]
+    # the same seed gives the same text in another round, beside other rows
+    again = [Sequence(PROMPTS[3], SamplingParams(max_tokens=5)), Sequence(PROMPTS[1], seeded)]
+    assert run(runner, again)[1][0] == sampled
+
+
+def test_streamed_pieces_join_into_each_rows_text(runner):
+    pieces = queue.SimpleQueue()
+    rows = [Sequence(p, SamplingParams(max_tokens=10, ignore_eos=True), pieces=pieces) for p in PROMPTS]
+    results = run(runner, rows)
+    streamed = {seq.id: "" for seq in rows}
+    while not pieces.empty():
+        seq, text = pieces.get()
+        streamed[seq.id] += text
+    assert [streamed[seq.id] for seq in rows] == [text for text, _ in results]
+    assert all(len(seq.token_ids) == 10 for seq in rows)
+
+
+def test_a_cancelled_row_stops_while_the_others_run_to_their_end(runner):
+    pieces = queue.SimpleQueue()
+    rows = [Sequence(p, SamplingParams(max_tokens=30, ignore_eos=True), pieces=pieces) for p in PROMPTS[:3]]
+    results = {}
+    worker = threading.Thread(target=lambda: results.update(reasons=runner.generate(rows, runner.encode(PROMPTS[:3]))))
+    worker.start()
+    while pieces.get(timeout=300)[0] is not rows[0]:
+        pass  # until the first piece of the row to cancel: it is running
+    rows[0].cancel()
+    worker.join(300)
+    assert results["reasons"][0] == "cancelled" and len(rows[0].token_ids) < 30
+    assert results["reasons"][1:] == ["length", "length"]
+    assert [len(s.token_ids) for s in rows[1:]] == [30, 30]
+
+
+def test_a_short_round_is_padded_but_returns_only_its_own_rows(runner_fp32, compiled):
+    eager, fast = (
+        [Sequence(PROMPTS[0], SamplingParams(max_tokens=8))],
+        [Sequence(PROMPTS[0], SamplingParams(max_tokens=8))],
+    )
+    reasons = compiled.generate(fast, compiled.encode([PROMPTS[0]]))
+    assert len(reasons) == 1  # the padding rows are not returned
+    assert (fast[0].text, reasons[0]) == run(runner_fp32, eager)[0]
+
+
+def test_prompt_logprobs_come_from_the_eager_prefill_and_compile_nothing_new(runner_fp32, compiled):
+    from torch._dynamo.utils import counters
+
+    def rows():
+        return [
+            Sequence(PROMPTS[0], SamplingParams(max_tokens=4, prompt_logprobs=2)),
+            Sequence(PROMPTS[3], SamplingParams(max_tokens=4)),
+        ]
+
+    run(compiled, [Sequence(PROMPTS[0], SamplingParams(max_tokens=4))])  # this round's graph exists
+    graphs = counters["stats"]["unique_graphs"]
+    eager, fast = rows(), rows()
+    assert run(runner_fp32, eager) == run(compiled, fast)
+    assert counters["stats"]["unique_graphs"] == graphs  # the decode step ran the graph it had
+    assert fast[1].prompt_logprobs is None
+    mine, theirs = fast[0].prompt_logprobs, eager[0].prompt_logprobs
+    assert [r.token_id for r in mine] == [r.token_id for r in theirs] and mine[0].logprob is None
+    assert [r.logprob for r in mine[1:]] == pytest.approx([r.logprob for r in theirs[1:]], abs=1e-4)
+    assert [[t for t, _, _ in r.top] for r in mine] == [[t for t, _, _ in r.top] for r in theirs]
+
+
+def test_cache_lengths_come_in_a_few_buckets():
+    assert [cache_bucket(n, 1024) for n in (1, 64, 65, 200, 1000, 5000)] == [64, 64, 128, 256, 1024, 1024]
+
+
+def test_bad_values_are_refused():
+    with pytest.raises(ValueError, match="STATIC_COMPILE"):
+        Config(static_compile="yes")
+
+
+def test_the_service_compiles_before_it_reports_ready_and_serves_compiled(compiled):
+    app = create_app(
+        Config(
+            vllm_enabled=False,
+            static_compile="1",
+            dtype="float32",
+            **SMALL,
+        )
+    )
+    try:
+        static = app.extensions["engines"]["static"]
+        assert static.wait_ready(900), static.health()
+        health = app.test_client().get("/health").json["engines"]["static"]
+        assert health["phase"] == "ready" and health["phase_seconds"]["compiling"] > 0
+        assert static.runner.compiles
+        reply = app.test_client().post("/generate", json={"prompts": [PROMPTS[0]], "max_tokens": 8})
+        assert reply.status_code == 200
+        assert reply.json["generated_texts"] == [
+            run(compiled, [Sequence(PROMPTS[0], SamplingParams(max_tokens=8))])[0][0]
+        ]
+    finally:
+        shutdown(app)
+
+
+class _Compiles(Runner):
+    """The eager runner, claiming that its next round compiles when told to."""
+
+    def __init__(self, base: Runner):
+        self.__dict__.update(base.__dict__)
+        self.compile_next = False
+
+    def needs_compile(self, inputs, max_tokens):
+        return self.compile_next
+
+
+def test_a_round_that_compiles_waits_for_vllms_step_and_a_plain_round_does_not(runner_fp32):
+    """A compile patches torch process-wide (fence.py): vLLM must not be mid-step meanwhile."""
+    runner = _Compiles(runner_fp32)
+    worker = ModelWorker(runner.settings, load_runner=lambda: runner).start()
+    assert worker.wait_ready(60)
+    stepping, step_over = threading.Event(), threading.Event()
+
+    def vllm_step():
+        with fence.model_work():
+            stepping.set()
+            assert step_over.wait(120)
+
+    step = threading.Thread(target=vllm_step)
+    step.start()
+    try:
+        assert stepping.wait(30)
+        plain = Sequence("Hi", SamplingParams(max_tokens=2))
+        worker.submit([plain])
+        assert plain.done.wait(120) and plain.status == "finished"  # ran while "vLLM" stepped
+        runner.compile_next = True
+        compiling = Sequence("Hi", SamplingParams(max_tokens=2))
+        worker.submit([compiling])
+        assert not compiling.entered.wait(1)  # held at the lock, not in the round
+    finally:
+        step_over.set()
+        step.join(60)
+    assert compiling.done.wait(120) and compiling.status == "finished"
+    worker.stop()

@@ -1,0 +1,156 @@
+"""The queue alone: what is waiting now, FIFO, rounds of at most N, the bound, cancellation."""
+
+import threading
+
+import pytest
+
+from batcher.errors import QueueFull
+from batcher.sequence import Sequence, Status
+from batcher.workload import Workload
+from tests.helpers import WatchedQueue, wait_until
+
+
+def seqs(*prompts):
+    return [Sequence(p) for p in prompts]
+
+
+def watched(maxsize):
+    w = Workload(maxsize)
+    w._queue = WatchedQueue()
+    return w
+
+
+def test_takes_what_is_waiting_now_without_waiting_for_a_full_batch():
+    w = Workload(16)
+    a, b = seqs("a", "b")
+    w.put_all([a, b])
+    assert w.next_batch(4) == [a, b]
+
+
+def test_six_prompts_make_rounds_of_four_and_two_in_fifo_order():
+    w = Workload(16)
+    six = seqs(*"abcdef")
+    w.put_all(six)
+    assert w.next_batch(4) == six[:4]
+    assert w.next_batch(4) == six[4:]
+
+
+def test_rounds_ignore_request_boundaries():
+    w = Workload(16)
+    a, b, c, d, e = seqs(*"ABCDE")
+    w.put_all([a, b])  # request 1
+    w.put_all([c, d, e])  # request 2
+    assert w.next_batch(4) == [a, b, c, d]
+    assert w.next_batch(4) == [e]
+
+
+def test_a_request_that_does_not_fit_is_refused_whole():
+    w = Workload(3)
+    w.put_all(seqs("a", "b"))
+    with pytest.raises(QueueFull):
+        w.put_all(seqs("c", "d"))
+    assert w.qsize() == 2
+    w.put_all(seqs("e"))
+    assert w.qsize() == 3
+    assert [s.prompt for s in w.drain()] == ["a", "b", "e"]  # nothing of the refused request
+
+
+def test_cancelled_sequences_are_skipped_and_forgotten():
+    w = Workload(8)
+    a, b, c = seqs("a", "b", "c")
+    w.put_all([a, b, c])
+    b.cancel()
+    assert w.next_batch(4) == [a, c]
+    assert b.done.is_set() and b.status == Status.CANCELLED
+    assert w.qsize() == 0 and w.drain() == []
+
+
+def test_blocks_when_idle_and_wakes_on_a_put():
+    w = watched(8)
+    got = []
+    consumer = threading.Thread(target=lambda: got.append(w.next_batch(4)))
+    consumer.start()
+    assert w._queue.consumer_waits.wait(10)
+    a = Sequence("a")
+    w.put_all([a])
+    consumer.join(10)
+    assert got == [[a]]
+
+
+def test_wake_unblocks_an_idle_consumer_with_nothing():
+    w = Workload(8)
+    got = []
+    consumer = threading.Thread(target=lambda: got.append(w.next_batch(4)))
+    consumer.start()
+    w.wake()
+    consumer.join(10)
+    assert got == [[]]
+
+
+def test_batch_wait_collects_a_fuller_batch():
+    w = Workload(8)
+    c, d = seqs("c", "d")
+    w.put_all([c])
+    got = []
+    consumer = threading.Thread(target=lambda: got.append(w.next_batch(2, wait_s=30.0)))
+    consumer.start()
+    wait_until(lambda: w.qsize() == 0, what="the consumer to take c")
+    w.put_all([d])  # arrives after c was taken, within the wait
+    consumer.join(30)
+    assert got == [[c, d]]
+
+
+def test_without_batch_wait_a_round_does_not_wait_for_latecomers():
+    w = Workload(8)
+    c = Sequence("c")
+    w.put_all([c])
+    assert w.next_batch(2, wait_s=0.0) == [c]
+
+
+def test_a_consumer_woken_by_a_request_sees_all_of_its_prompts():
+    w = watched(16)
+    got = []
+    consumer = threading.Thread(target=lambda: got.append(w.next_batch(4)))
+    consumer.start()
+    assert w._queue.consumer_waits.wait(10)
+    six = seqs(*"abcdef")
+    w.put_all(six)  # the consumer was already waiting: it must still get a full round
+    consumer.join(10)
+    assert got == [six[:4]]
+    assert w.next_batch(4) == six[4:]
+    assert w.qsize() == 0
+
+
+def test_drain_returns_everything_still_queued():
+    w = Workload(16)
+    six = seqs(*"abcdef")
+    w.put_all(six[:3])
+    w.put_all(six[3:])
+    assert w.next_batch(2) == six[:2]
+    assert w.drain() == six[2:]
+    assert w.qsize() == 0
+
+
+def test_a_solo_sequence_never_shares_its_round():
+    w = Workload(16)
+    a, b, c, d = seqs(*"abcd")
+    solo = Sequence("alone", solo=True)
+    e, f = seqs("e", "f")
+    w.put_all([a, b])
+    w.put_all([solo])
+    w.put_all([c, d, e, f])
+    assert w.next_batch(4) == [a, b]  # the round ends before it
+    assert w.next_batch(4, wait_s=30.0) == [solo]  # alone, without waiting for a fuller round
+    assert w.next_batch(4) == [c, d, e, f]
+
+
+def test_a_cancelled_solo_sequence_does_not_cut_a_round_short():
+    w = Workload(16)
+    a, b = seqs("a", "b")
+    solo = Sequence("alone", solo=True)
+    w.put_all([a])
+    w.put_all([solo])
+    w.put_all([b])
+    solo.cancel()
+    assert w.next_batch(4) == [a, b]
+    assert solo.status == Status.CANCELLED
