@@ -241,7 +241,7 @@ def render(s: Settings, down: int | None = None) -> Path:
 def supervisord_command(s: Settings) -> list[str]:
     """All `run` does before it becomes supervisord (the warning, the configs, the settings that
     `rolling-restart` renders from); returns supervisord's command line, for a caller that runs
-    the cluster as its child (tests/test_hosts.py)."""
+    the cluster as its child (tests/e2e/test_hosts.py)."""
     warn_if_open(logging.getLogger("deploy.cluster"), "nginx", s.host, s.port, s.has_api_key)
     conf = render(s)
     s.save()

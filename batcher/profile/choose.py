@@ -1,6 +1,6 @@
 """The rule that turns a profile into each engine's `auto`s: faithful first, then fastest.
 
-Pure functions of the measured rows (tests/test_profile.py feeds them fake ones). A row:
+Pure functions of the measured rows (tests/integration/test_profile.py feeds them fake ones). A row:
 {"engine", "dtype", "eager", "status" ("measured", "not faithful: ...", "too slow: ...", "timed out ...",
 "failed: ...", "not run: ..."),
 "exact", "of", "prefix", "france", "start_s", "compile_s", "speed": {"1": s, "4": s, "64": s}}.

@@ -4,7 +4,7 @@ candidate can no longer reach it, so that the child stops there instead of finis
 The fidelity prompts are the 20 prompts of prompts.json, greedy, MAX_TOKENS tokens each, through
 the model's chat template, or as plain completions for a model without one (`prompt_texts`);
 France -> Paris is the first of them, so a candidate that gets France wrong stops after its first
-chunk. Pure functions (tests/test_profile.py feeds them fake token lists).
+chunk. Pure functions (tests/integration/test_profile.py feeds them fake token lists).
 """
 
 from __future__ import annotations

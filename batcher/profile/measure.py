@@ -46,7 +46,7 @@ QUANTIZED = {"4-bit CPUWNA16 (vLLM)": ("avx512f",), "int8 W8A8 (vLLM)": ("avx512
 
 
 def templates(model_path: str) -> tuple[StaticSettings, VLLMSettings]:
-    """The service's default settings on a CPU (tests/test_profile.py checks them against
+    """The service's default settings on a CPU (tests/integration/test_profile.py checks them against
     Config's), so that what the profile compiles is what `make serve` finds in the cache."""
     static = StaticSettings(model_path, "cpu", "float32", False, "", 4, 0.0, 256, 512, 512, 0, 300.0)
     return static, VLLMSettings(model_path, True, "cpu", "float32", True, "", 64, 2048, 512, 1, 0.5, 256, 1, 300.0)

@@ -148,7 +148,7 @@ class PerRowSampling(LogitsProcessor):
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         # scores: [B, V]. A penalty near 0 (repetition_penalty 5e-324 is > 0, so valid) divides
         # scores to +inf, whose softmax is NaN: the largest finite score instead, as likely as
-        # each other such token (found by tests/test_fuzz.py's kind of request; vLLM answers it)
+        # each other such token (found by tests/e2e/test_fuzz.py's kind of request; vLLM answers it)
         scaled = (scores / self.temperature.clamp(min=1e-5)).nan_to_num(posinf=torch.finfo(scores.dtype).max)
         if bool((self.min_p > 0).any()):
             probs = scaled.softmax(dim=-1)

@@ -3,7 +3,7 @@ is the example): `sampling` (what every generate body shares), `demo` (our own r
 unknown field is a 400), `openai` (vLLM's rule: a name nobody defined is ignored, the fields it
 defines and we do not implement are service/openai/fields.py's table). From them come the 400s
 (`validate`), /openapi.json (service/ops/openapi.py) and the parameter tables of docs/ (checked by
-tests/test_bodies.py).
+tests/unit/test_bodies.py).
 
 `validate` turns pydantic's errors into the documented shapes: an unknown top-level field on a
 demo route is `UnknownField` (400, every one named, with the nearest known name); any other

@@ -1,6 +1,6 @@
 """The sampling fields every generate body shares (demo and OpenAI routes, both engines), declared
 once: types and ranges here, vLLM's; what they mean in docs/api.md's table, which
-tests/test_bodies.py checks against these declarations.
+tests/unit/test_bodies.py checks against these declarations.
 
 Strict, as JSON is: a JSON true is not the number 1, "5" is not 5, 2.0 is not an integer; NaN
 and Infinity (which Python's JSON parser reads) are no numbers. Absent or null: the default
