@@ -13,6 +13,8 @@ from batcher.profile.fidelity import MIN_PREFIX  # the mean agreeing prefix with
 # How much each request size counts: one prompt most (what a newcomer tries first, and a chat
 # user's every turn), a round of 4 next (the static engine's default batch), 64 the least (a
 # bulk client, who is also the one who reads the docs). Renormalised over the sizes measured.
+# So the rule picks for one user at a time: under load the static engine runs full rounds, where
+# fp16 can lose what it won at one prompt (docs/performance.md, "Which workload the rule stands for").
 WEIGHTS = {"1": 0.6, "4": 0.3, "64": 0.1}
 NEAR = 1.05  # candidates within 5% of the best score: the one that starts soonest wins
 SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
