@@ -10,7 +10,6 @@ format (service/tools/prompt.py).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jinja2
@@ -89,15 +88,4 @@ def plan(req: Chat, served: Served) -> Plan:
     params = req.to_sampling_params(served.config)
     prompts = prompt(served, req.template_messages, req.function_tools, params, req.truncate_prompt_tokens, "messages")
     echoed = echo.for_chat(req.template_messages, req.top_logprobs) if req.echo else None
-    return Plan(
-        prompts=prompts,
-        params=dataclasses.replace(params, prompt_logprobs=echo.prompt_logprobs(echoed, params, req.prompt_logprobs)),
-        n=req.n or 1,
-        stream=bool(req.stream),
-        include_usage=req.include_usage,
-        continuous_usage=req.continuous_usage,
-        echo=echoed,
-        tools=req.function_tools,
-        details=bool(req.details),
-        max_queue_ms=req.max_queue_ms,
-    )
+    return req.to_plan(prompts, params, echoed, req.function_tools)

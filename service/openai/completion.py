@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from service import context
 from service.openai import echo
 from service.plan import Plan, Served
@@ -17,15 +15,6 @@ def plan(req: Completion, served: Served) -> Plan:
         tokenizer=served.tokenizer, config=served.config,
     )  # fmt: skip
     # the echo is of the prompts as they run (cut where `truncate_prompt_tokens` asked)
-    echoed = echo.for_completions(prompts, req.echo_only, served.tokenizer) if req.echo else None
-    return Plan(
-        prompts=prompts,
-        params=dataclasses.replace(params, prompt_logprobs=echo.prompt_logprobs(echoed, params, req.prompt_logprobs)),
-        n=req.n or 1,
-        stream=bool(req.stream),
-        include_usage=req.include_usage,
-        continuous_usage=req.continuous_usage,
-        echo=echoed,
-        details=bool(req.details),
-        max_queue_ms=req.max_queue_ms,
+    return req.to_plan(
+        prompts, params, echo.for_completions(prompts, req.echo_only, served.tokenizer) if req.echo else None
     )

@@ -3,7 +3,7 @@
 - /completions: each choice's text starts with its prompt (a token-id prompt: its decoded text),
   and with `logprobs` the prompt's tokens lead `tokens`/`token_logprobs`/`top_logprobs`/
   `text_offset`, the first one's logprob null (the engine computes the prompt's logprobs at the
-  request's `logprobs`, see `prompt_logprobs`). `max_tokens: 0` (allowed only with
+  request's `logprobs`, see OpenAIBody.to_plan). `max_tokens: 0` (allowed only with
   echo): the engine generates one token, and the reply holds the prompt alone.
 - chat: the reply starts with the last message's content when that message is the assistant's;
   its logprobs stay the generated tokens'.
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from batcher.sampling import SamplingParams
 from batcher.sequence import Prompt, Sequence
 from batcher.tokens import TokenLogprob
 
@@ -37,13 +36,6 @@ class Echo:
         """The prompt logprobs echo asks for, as vLLM: the request's `logprobs` (completions),
         chat's `top_logprobs`."""
         return logprobs if self.records else self.top_logprobs
-
-
-def prompt_logprobs(echoed: Echo | None, params: SamplingParams, asked: int | None) -> int | None:
-    """vLLM's `prompt_logprobs` where the request names it; else what `echo` asks for."""
-    if asked is not None:
-        return asked
-    return echoed.prompt_logprobs(params.logprobs) if echoed is not None else None
 
 
 def for_completions(prompts: list[Prompt], only: bool, tokenizer) -> Echo:

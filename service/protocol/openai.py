@@ -7,14 +7,21 @@ takes its honoured fields from these models. What the shapes mean: docs/openai.m
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar
+import dataclasses
+from typing import TYPE_CHECKING, Annotated, ClassVar
 
 from pydantic import ConfigDict, Field
 
+from batcher.sampling import SamplingParams
 from service.config import Config
 from service.errors import InvalidRequest
+from service.plan import Plan
 from service.protocol.limits import AtMost
 from service.protocol.sampling import Flag, Int, Logprobs, Sampling, Strict
+
+if TYPE_CHECKING:
+    from service.openai.echo import Echo
+    from service.tools.spec import Tools
 
 OPEN = ConfigDict(extra="allow")
 MaxTokens = Annotated[Int, Field(ge=1), AtMost("max_new_tokens_limit")]
@@ -52,11 +59,21 @@ class OpenAIBody(Sampling):
             raise InvalidRequest("'prompt_logprobs' are not available with 'stream': true", param="prompt_logprobs")
         super().check_across_fields(config)
 
-    @property
-    def include_usage(self) -> bool:
-        return bool(self.stream_options and self.stream_options.include_usage)
-
-    @property
-    def continuous_usage(self) -> bool:
-        """vLLM's `continuous_usage_stats`: usage in every chunk too."""
-        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
+    def to_plan(self, prompts, params: SamplingParams, echo: Echo | None = None, tools: Tools | None = None) -> Plan:
+        """The request's plan, once its API has its prompts as they run (service/openai/) and its
+        parameters: vLLM's `prompt_logprobs` where the request names them, else what `echo` asks for."""
+        asked = self.prompt_logprobs
+        prompt_logprobs = asked if asked is not None else echo.prompt_logprobs(params.logprobs) if echo else None
+        options = self.stream_options or StreamOptions()
+        return Plan(
+            prompts=prompts,
+            params=dataclasses.replace(params, prompt_logprobs=prompt_logprobs),
+            n=self.n or 1,
+            stream=bool(self.stream),
+            include_usage=bool(options.include_usage),
+            continuous_usage=bool(options.continuous_usage_stats),  # vLLM's: usage in every chunk too
+            echo=echo,
+            tools=tools,
+            details=bool(self.details),
+            max_queue_ms=self.max_queue_ms,
+        )

@@ -26,9 +26,15 @@ def tree(path: Path) -> ast.Module:
 
 
 def imports(module: ast.Module) -> list[tuple[str, list[str]]]:
-    """(module, names) of every `from service... import names` and `import service...`."""
-    found = []
+    """(module, names) of every `from service... import names` and `import service...`, but those
+    under `if TYPE_CHECKING:` (a name for the type checker is no dependency at run time)."""
+    found, typing_only = [], set()
     for node in ast.walk(module):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            typing_only |= {id(n) for n in ast.walk(node)}
+    for node in ast.walk(module):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             found.append((node.module, [a.name for a in node.names]))
         elif isinstance(node, ast.Import):
