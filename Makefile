@@ -80,8 +80,8 @@ model: $(STAMP)
 # A compiled row the budget cut short (a cold compile can outlast it) is measured to its end by a
 # run of its own in the background (batcher/profile/finish.py): `make setup` returns, and serve,
 # test and bench wait for that run first (PROFILE_WAIT), so nothing is timed beside it.
-# PROFILE_FINISH=0 starts none; `make test` (CI) and `make check` start none: their servers pin
-# their settings, and their tests would share the CPU with it.
+# PROFILE_FINISH=0 starts none. `make test` (CI) and `make check` start none, and export it, so
+# that neither does a `make serve` a test starts: it would share the CPU with the suite.
 PROFILE_BUDGET ?= 200
 PROFILE_FINISH ?= background
 PROFILE_ENV = CACHE_DIR=$(CACHE_DIR) MODEL=$(MODEL) LD_PRELOAD=$(PRELOAD)
@@ -114,7 +114,7 @@ rolling-restart:
 # needs pytest 9.1, requirements-dev.txt). TEST_WORKERS=0: one process.
 # The 25 slowest steps close the log: where CI time goes.
 TEST_WORKERS ?= auto
-test: PROFILE_FINISH = 0
+test: export PROFILE_FINISH = 0
 test: setup
 	$(PROFILE_WAIT)
 	$(PY) -m pytest -q --durations=25 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder) tests
@@ -122,7 +122,7 @@ test: setup
 # The fast tier: lint, then tests/unit (no model, no server; tests/unit/conftest.py), so that
 # pytest imports no other test module. tests/integration runs the app in this process, tests/e2e
 # a real gunicorn; `make test` runs all three (docs/testing.md).
-check: PROFILE_FINISH = 0
+check: export PROFILE_FINISH = 0
 check: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

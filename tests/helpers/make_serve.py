@@ -34,7 +34,10 @@ class MakeServe:
         self.url = f"http://127.0.0.1:{self.port}"  # what a client calls
         self.replica_url = f"http://127.0.0.1:{self.port + 1}" if self.nginx else self.url  # gunicorn itself
         self.log_path = run_dir / "make-serve.log"  # make's, supervisord's and the replica's output
+        # PROFILE_FINISH=0: a test's `make serve` starts no background measurement of compiled rows
+        # (batcher/profile/finish.py), which would share the CPU with the suite and hold up the start
         env = {**os.environ, "HOST": "127.0.0.1", "PORT": str(self.port), "SERVE_DIR": str(run_dir), **env}
+        env.setdefault("PROFILE_FINISH", "0")
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 ["make", "serve"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
