@@ -20,13 +20,13 @@ from pathlib import Path
 from batcher.checkpoint import resolve_model
 from batcher.profile import child, choose, show, store
 from batcher.profile import measure as profiling
-from bench import measure, report, serve_client, soak, structured, wait
+from bench import measure, peers, report, serve_client, soak, structured, wait
 from deploy.server import ROOT, SETTLED, Server
 from service.config import Config
 
 SWEEP_N, SWEEP, BASIC_MAX_N, READY_TIMEOUT_S, STARTUP_TIMEOUT_S = 64, [1, 2, 4, 8, 16, 64], 16, 300, 1500
 ON_THE_SERVICE = ("grid", "ttft", "structured", "openai", "wait")
-LATER = ("direct", "offline", "sweep", "fidelity", "profile", "startup")  # the service stopped; own processes
+LATER = ("direct", "offline", "sweep", "fidelity", "profile", "startup", "peers")  # the service stopped; own processes
 ASKED = ("soak",)  # only in --only: minutes of overload, on a service of its own (or --url)
 QUICK = {"n": [1, 4, 16], "repeats": 1, "phases": ("grid", "ttft", "structured", "direct", "offline")}
 FULL = {"n": [1, 4, 16, 64], "repeats": 3, "phases": ON_THE_SERVICE + LATER}
@@ -49,6 +49,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--url", help="measure the service running there (no API key; its BATCH_SIZE --batch-size's)")
     p.add_argument("--soak-seconds", type=float, default=180, help="soak: seconds of 3x overload (default 180)")
     p.add_argument("--probe-url", help="soak with --url: its probe server (PROBE_PORT), held to the 1 s rule")
+    p.add_argument("--llama-server", type=Path, help="peers: llama.cpp's llama-server, built in its source tree")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="where the JSON goes")
     args = p.parse_args(argv)
     run = FULL if args.full else QUICK
@@ -198,6 +199,12 @@ class Bench:
             raise RuntimeError("no stored profile for this machine: run `python -m batcher.profile --measure`")
         todo = {(r["engine"], r["dtype"], r["eager"]) for r in stored["rows"] if not choose.ruled_out(r)}
         self.res["profile"] = show.beside(stored, self.profiled(only=todo))
+
+    def peers(self) -> None:  # the servers a user would run instead, one at a time (bench/peers.py)
+        args = self.args
+        out = peers.run(self.model_path, self.log_path, args.n, args.repeats, args.max_tokens, args.llama_server)
+        self.res["notes"] += out.pop("failed")
+        self.res.update(out)
 
     def startup(self) -> None:
         """Cold (a fresh COMPILE_CACHE_DIR) then warm (the same again), the service's settings from the

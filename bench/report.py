@@ -25,6 +25,7 @@ TITLES = {
     "sweep": "Batch-size sweep: one request on /generate (VLLM_ENABLED=0), a fresh service each",
     "fidelity": "Fidelity and decode speed, each configuration in its own process",
     "profile": "The machine profile: stored beside a fresh measurement of every candidate it did not rule out",
+    "peers": "Peers, each alone: one request of N prompts to /v1/completions; fidelity against fp32 (bench/peers.py)",
     "startup": "Start-up, cold then warm (seconds since gunicorn was launched)",
     "soak": "Soak: open-loop arrivals at 3x capacity, CPU hogs, then a quiet spell (bench/soak.py)",
     "targets": "Targets",
