@@ -39,10 +39,11 @@ def measure(spec: dict, build, emit) -> None:
 def _fidelity(spec: dict, engine, emit, started: float) -> tuple[str | None, float]:
     """(why it stopped or None, the slowest chunk's seconds per decode step)."""
     texts, reference, chunk = spec["texts"], spec.get("reference"), spec.get("chunk") or len(spec["texts"])
+    widths = spec.get("widths") or [chunk]  # the chunks' rounds, in turn (static: alone, then BATCH_SIZE)
     completions, step_s, why = [], 0.0, None
     for i in range(0, len(texts), chunk):
-        begun = time.monotonic()
-        completions += engine.generate(texts[i : i + chunk], spec["max_tokens"], ignore_eos=False, size=chunk)
+        begun, size = time.monotonic(), widths[(i // chunk) % len(widths)]
+        completions += engine.generate(texts[i : i + chunk], spec["max_tokens"], ignore_eos=False, size=size)
         step_s = max(step_s, (time.monotonic() - begun) / spec["max_tokens"])
         paris = engine.decode(completions[fidelity.PARIS_INDEX])
         said = reference if reference and len(reference) > fidelity.PARIS_INDEX else completions

@@ -38,8 +38,10 @@ TIMED_TOKENS, BUDGET_S = 20, 200.0
 CAP_SHARE = 0.4  # of the budget, per candidate: one slow candidate cannot starve the rest
 MIN_START_S = 10.0  # less left than this: not started (no engine builds and answers in that)
 # Prompts per fidelity call: vLLM takes all 20 at once (as it would batch them); the static
-# engine its rounds of BATCH_SIZE, as it serves them (and the compiled one's graphs have that
-# shape), which also lets a candidate stop after the round where the bar went out of reach.
+# engine BATCH_SIZE, which lets a candidate stop after the call where the bar went out of reach,
+# run in turn alone (rounds of 1) and as one round of BATCH_SIZE (`widths`): the two widths
+# it serves, whose linears read different weight formats in fp16 (batcher/static/linear.py), so
+# that the faithful rule judges both (the compiled engine pads both to BATCH_SIZE rows).
 ALL_AT_ONCE = len(fidelity.PROMPTS)
 # Quantized routes (issue 18) and the CPU flags their kernels need; absent here: not built.
 QUANTIZED = {"4-bit CPUWNA16 (vLLM)": ("avx512f",), "int8 W8A8 (vLLM)": ("avx512_vnni", "avx_vnni")}
@@ -114,10 +116,11 @@ def spec_for(candidate: tuple[str, str, bool], base, texts: list[str], reference
     fast = {"compile": not eager} if engine == "static" else {"enforce_eager": eager}
     settings = dataclasses.replace(base, dtype=dtype, reason="profile candidate", **fast)
     chunk = settings.batch_size if engine == "static" else ALL_AT_ONCE
+    widths = [1, settings.batch_size] if engine == "static" else [chunk]
     sizes = how.get("sizes", SIZES)[engine]
     return dict(
         engine=engine, settings=dataclasses.asdict(settings), compile_cache_dir=how.get("cache", ""),
-        texts=texts, max_tokens=fidelity.MAX_TOKENS, chunk=chunk, reference=reference,
+        texts=texts, max_tokens=fidelity.MAX_TOKENS, chunk=chunk, widths=widths, reference=reference,
         timed=[speed_prompts(n) for n in sizes], timed_tokens=TIMED_TOKENS, repeats=how.get("repeats", 1),
         speed_always=how.get("speed_always", False),
     )  # fmt: skip

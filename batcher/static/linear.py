@@ -11,13 +11,14 @@ Measured (AMD EPYC Zen 4, one thread, fp32, greedy tokens unchanged, 2026-12-03)
 of a 4-row round 101-107 ms plain, 73-76 ms packed; of an 8-row round 153 against 82 ms; a
 4x190-token prefill 2.1 against 1.7 s; bf16 4 rows 98 against 72 ms.
 Where oneDNN cannot pack fp16 (it needs AVX512-FP16 or AVX-NE-CONVERT; neither Zen 3 nor Zen 4
-has them), torch's fp16 `F.linear` falls back to a kernel that is fine for the one to four rows of
-a decode step (it reads half of fp32's bytes) and 4-5x slower than fp32 for a prefill's hundreds.
-There each fp16 linear widens a call of WIDEN_FROM rows or more to fp32: the weight converted for
-that call, the product in fp32, rounded back to fp16; as close to fp32 as torch's fp16 kernel
-(docs/performance.md). Same Zen 4, one thread, 2026-12-03: a 4x193-token prefill 10.9-11.1 s
-plain, 2.8 s widened (fp32 packed: 2.3 s); a forward of 8 tokens 189 against 174 ms, of 4 tokens
-102 against 185 ms (hence 8).
+has them), torch's fp16 `F.linear` reads half of fp32's bytes and wins for the one or two rows of
+a narrow decode step, but loses from three rows on, and is 4-5x slower than fp32 for a prefill's
+hundreds. There each fp16 linear keeps its weight in two formats, the fp16 one for calls of fewer
+than FP16_BELOW rows and a oneDNN-packed fp32 copy of the same values for wider ones (the
+activation widened for the call, the product rounded back to fp16): each width reads the format
+it reads fastest (issue 44). Every linear and the lm_head once (AMD EPYC Zen 4, 2 threads,
+2026-12-04, ms): 1 row fp16 15.1 / packed fp32 35.8; 2 rows 28.9 / 38.3; 3 rows 36.6 / 35.8;
+4 rows 47.2 / 33.3; 16 rows 141 / 36.8. The price: the fp32 copy (twice the fp16 weights' memory).
 Compiled decoding (STATIC_COMPILE) keeps plain linears: Inductor picks its own kernels.
 """
 
@@ -28,41 +29,43 @@ import logging
 import torch
 
 log = logging.getLogger(__name__)
-WIDEN_FROM = 8  # rows of one fp16 linear call (tokens of the round) from which it computes in fp32
+FP16_BELOW = 3  # rows of one fp16 linear call (tokens of the round) under which it reads fp16 weights
 
 
 class PackedLinear(torch.nn.Module):
-    """`nn.Linear`'s forward on a weight packed for oneDNN (`rows`: the batch it is packed for)."""
+    """`nn.Linear`'s forward on a weight [out, in] packed for oneDNN (`rows`: the batch it is packed for)."""
 
-    def __init__(self, linear: torch.nn.Linear, rows: int):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, rows: int):
         super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), rows)
-        self.bias = linear.bias
+        self.out_features, self.in_features = weight.shape
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
+        self.bias = bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in_features]
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
-class WidenedLinear(torch.nn.Module):
-    """An fp16 `nn.Linear` that computes a call of WIDEN_FROM rows or more in fp32 (see above)."""
+class TwoFormatLinear(torch.nn.Module):
+    """An fp16 `nn.Linear` that reads its fp16 weight for calls of fewer than FP16_BELOW rows and a
+    oneDNN-packed fp32 copy of it (`rows`: the batch it is packed for) for wider ones (see above)."""
 
-    def __init__(self, linear: torch.nn.Linear):
+    def __init__(self, linear: torch.nn.Linear, rows: int):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
+        wide_bias = None if linear.bias is None else linear.bias.detach().float()
+        self.wide = PackedLinear(linear.weight.float(), wide_bias, rows)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in_features]
-        if x.numel() < WIDEN_FROM * self.in_features:
+        if x.numel() < FP16_BELOW * self.in_features:
             return torch.nn.functional.linear(x, self.weight, self.bias)
-        bias = None if self.bias is None else self.bias.float()
-        return torch.nn.functional.linear(x.float(), self.weight.float(), bias).to(x.dtype)
+        return self.wide(x.float()).to(x.dtype)
 
 
 def pack_linears(model: torch.nn.Module, rows: int) -> str:
     """Replace every `nn.Linear` of `model` (on the CPU) by a PackedLinear; what it did, for the
     log. Where this torch or CPU cannot pack the model's dtype (fp16 needs AVX512-FP16 or
-    AVX-NE-CONVERT), fp16 linears become WidenedLinears and others stay as they were; the log
+    AVX-NE-CONVERT), fp16 linears become TwoFormatLinears and others stay as they were; the log
     says why."""
     dtype = next(model.parameters()).dtype
     if not torch.backends.mkldnn.is_available():
@@ -76,13 +79,13 @@ def pack_linears(model: torch.nn.Module, rows: int) -> str:
             "static engine: oneDNN cannot pack %s weights here (%s); linears %s",
             dtype,
             exc,
-            f"compute calls of {WIDEN_FROM}+ rows in fp32" if widen else "stay plain",
+            f"read fp16 under {FP16_BELOW} rows, packed fp32 from there" if widen else "stay plain",
         )
         if not widen:
             return ""
-        count = _replace_linears(model, WidenedLinear)
-        return f"{count} fp16 linears widened to fp32 from {WIDEN_FROM} rows"
-    count = _replace_linears(model, lambda linear: PackedLinear(linear, rows))
+        count = _replace_linears(model, lambda linear: TwoFormatLinear(linear, rows))
+        return f"{count} fp16 linears in two formats: fp16 under {FP16_BELOW} rows, packed fp32 from there"
+    count = _replace_linears(model, lambda linear: PackedLinear(linear.weight, linear.bias, rows))
     return f"{count} linears packed for oneDNN"
 
 

@@ -27,16 +27,18 @@ def engine(clock: Clock, step_s: float, wrong=(), batch: int = 4, slower: dict |
     """A fake engine: each call costs `step_s` a token on `clock` (`slower`: a call of so many
     prompts costs so many seconds instead); prompts in `wrong` answer off the reference from
     their first token; prompt 0 (France) decodes to Paris when right."""
-    calls = []
+    calls, sizes = [], []
 
     def generate(prompts, max_tokens, ignore_eos=True, size=0):
         calls.append(len(prompts))
+        sizes.append(size)
         clock.now += (slower or {}).get(len(prompts), step_s * max_tokens)
         index = [TEXTS.index(p) if p in TEXTS else 0 for p in prompts]
         return [[-1] * max_tokens if i in wrong else REFERENCE[i][:max_tokens] for i in index]
 
     decode = lambda ids: "Paris" if ids == REFERENCE[0] else "Lyon"  # noqa: E731
-    return SimpleNamespace(built={"start_s": 1.0}, generate=generate, decode=decode, batch=batch, calls=calls)
+    fake = dict(generate=generate, decode=decode, batch=batch, calls=calls, sizes=sizes)
+    return SimpleNamespace(built={"start_s": 1.0}, **fake)
 
 
 def spec(cap_s: float, sizes=(1, 4), chunk: int = 4, reference=REFERENCE) -> dict:
@@ -291,3 +293,12 @@ def test_a_finish_runs_once_and_never_beside_another(tmp_path, monkeypatch):
     assert asked == [[("vllm", "float32", False), ("static", "float32", False)]]
     assert done == finish.store.load(key, tmp_path) and finish.unfinished(done) == []
     assert finish.run("model", tmp_path, "", tmp_path / "log") is None and len(asked) == 1  # once
+
+
+def test_the_static_fidelity_chunks_run_in_turn_alone_and_as_one_round():
+    """Both widths the static engine serves are judged (their fp16 linears read different weight
+    formats): the chunks of BATCH_SIZE prompts alternate rounds of 1 and one round of 4."""
+    fake = engine(Clock(), 0.01)
+    done, _ = run({**spec(cap_s=600), "widths": [1, 4]}, fake)
+    assert done["status"] == "measured"
+    assert fake.sizes[:5] == [1, 4, 1, 4, 1]  # the five fidelity chunks, then the timed runs
