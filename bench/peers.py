@@ -13,9 +13,11 @@ measure and the profile's fidelity, over HTTP through the same client.
 Every server gets `POST /v1/completions` with token-id prompts, so that all of them read the same
 tokens whatever their tokenizer. Speed: one request carrying N of the grid's prompts, max_tokens
 20, greedy, `ignore_eos`, after a warm-up; median of the repeats. Fidelity: the profile's 20
-prompts (batcher/profile/fidelity.py), greedy, against the static engine's fp32 eager (the
-profile's reference, computed here in its own process); both sides' text encoded again by the
-model's tokenizer, so that a token the peer split differently is compared as text.
+prompts (batcher/profile/fidelity.py), greedy, in turn four requests of one and one request of
+four (the static engine serves those widths from different weight formats in fp16), against the
+static engine's fp32 eager (the profile's reference, computed here in its own process); both
+sides' text encoded again by the model's tokenizer, so that a token the peer split differently is
+compared as text.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from service.config import Config
 
 READY_TIMEOUT_S = 600
 CONVERTER = "convert_hf_to_gguf.py"  # in the llama.cpp tree the llama-server binary was built from
+CHUNK = 4  # fidelity prompts sent in turn one by one and as one request (the static engine's two widths)
 
 
 def llama_tree(server: Path) -> Path:
@@ -127,7 +130,12 @@ class Peers:
     def measure(self, name: str, url: str) -> dict:
         """One column: fidelity, then a warm-up and each N's median seconds."""
         model = requests.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
-        texts = self.complete(url, model, self.fidelity_ids, fidelity.MAX_TOKENS, ignore_eos=False)
+        texts = []
+        for i in range(0, len(self.fidelity_ids), CHUNK):  # in turn alone and as one request, as the profile
+            chunk = self.fidelity_ids[i : i + CHUNK]
+            alone = (i // CHUNK) % 2 == 0
+            calls = [[ids] for ids in chunk] if alone else [chunk]
+            texts += [t for ids in calls for t in self.complete(url, model, ids, fidelity.MAX_TOKENS, ignore_eos=False)]
         again = lambda text: self.tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
         paris = fidelity.PARIS_INDEX
         agree = fidelity.compare([again(t) for t in self.reference], [again(t) for t in texts], texts[paris],
