@@ -11,17 +11,17 @@ Measured (AMD EPYC Zen 4, one thread, fp32, greedy tokens unchanged, 2026-12-03)
 of a 4-row round 101-107 ms plain, 73-76 ms packed; of an 8-row round 153 against 82 ms; a
 4x190-token prefill 2.1 against 1.7 s; bf16 4 rows 98 against 72 ms.
 Where oneDNN cannot pack fp16 (it needs AVX512-FP16 or AVX-NE-CONVERT; neither Zen 3 nor Zen 4
-has them), torch's fp16 `F.linear` reads half of fp32's bytes and wins for the one or two rows of
-a narrow decode step, but loses from three rows on, and is 4-5x slower than fp32 for a prefill's
-hundreds. There each fp16 linear keeps its weight in two formats, the fp16 one for calls of fewer
-than FP16_BELOW rows and a oneDNN-packed fp32 copy of the same values for wider ones (the
-activation widened for the call, the product rounded back to fp16): each width reads the format
-it reads fastest (issue 44). Every linear and the lm_head once (AMD EPYC Zen 4, 2 threads,
-2026-12-04, ms): 1 row fp16 15.1 / packed fp32 35.8; 2 rows 28.9 / 38.3; 3 rows 36.6 / 35.8;
-4 rows 47.2 / 33.3; 16 rows 141 / 36.8. In a whole round of 4 the two take the same time (1.10
-against 1.08 s: the fp16 activations' other ops cost what the linears save); what the packed copy
-gains is the prefill, which used to convert every weight on every call (a 4x193-token prefill 2.8
-s converted, 2.3 s packed). The price: the fp32 copy (twice the fp16 weights' memory).
+has them), fp16 means fp16 *weights* computed in fp32 (`half_weights`, issue 44): the model is
+loaded in fp32, every parameter rounded to fp16's values, and each linear keeps those values in two
+formats: fp16 for calls of fewer than FP16_BELOW rows (torch's fp16 kernel reads half of fp32's
+bytes: a one-row decode step) and packed fp32 for wider ones (a round of 4, a prefill). Every
+other op runs in fp32, where this CPU has no fp16 arithmetic to spare. Every linear and the
+lm_head once (AMD EPYC Zen 4, 2 threads, 2026-12-04, ms, fp16 / packed fp32): 1 row 15.1 / 35.8;
+2 rows 28.9 / 38.3; 3 rows 36.6 / 35.8; 4 rows 47.2 / 33.3; 16 rows 141 / 36.8. Whole rounds of 20
+tokens, interleaved, same machine: one row 0.70 s (fp16 throughout: 0.69, fp32: 1.13), four rows
+1.38 s (fp16 throughout 1.52, fp32 1.30); greedy tokens the same as fp32's on those prompts.
+Before, fp16 ran throughout, its calls of 8 rows and more converting the weight to fp32 on every
+call. The price: the fp32 copy (the model takes fp32's memory and half of it again).
 Compiled decoding (STATIC_COMPILE) keeps plain linears: Inductor picks its own kernels.
 """
 
@@ -48,48 +48,56 @@ class PackedLinear(torch.nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
-class TwoFormatLinear(torch.nn.Module):
-    """An fp16 `nn.Linear` that reads its fp16 weight for calls of fewer than FP16_BELOW rows and a
-    oneDNN-packed fp32 copy of it (`rows`: the batch it is packed for) for wider ones (see above)."""
+class HalfWeightLinear(torch.nn.Module):
+    """A linear of an fp32 model whose weights hold fp16 values: a call of fewer than FP16_BELOW
+    rows reads them as fp16 (the activation rounded for the call, the product widened back), a
+    wider one reads the same values packed in fp32 (`rows`: the batch it is packed for)."""
 
     def __init__(self, linear: torch.nn.Linear, rows: int):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.weight, self.bias = linear.weight, linear.bias
-        wide_bias = None if linear.bias is None else linear.bias.detach().float()
-        self.wide = PackedLinear(linear.weight.float(), wide_bias, rows)
+        self.weight = linear.weight.detach().half()
+        self.bias = None if linear.bias is None else linear.bias.detach().half()
+        self.wide = PackedLinear(linear.weight, linear.bias, rows)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in_features]
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in_features], fp32
         if x.numel() < FP16_BELOW * self.in_features:
-            return torch.nn.functional.linear(x, self.weight, self.bias)
-        return self.wide(x.float()).to(x.dtype)
+            return torch.nn.functional.linear(x.half(), self.weight, self.bias).float()
+        return self.wide(x)
+
+
+def packs(dtype: torch.dtype, rows: int = 4) -> str | None:
+    """None where oneDNN packs `dtype` weights in this torch on this CPU, else why not."""
+    if not torch.backends.mkldnn.is_available():
+        return "no oneDNN in this torch"
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(8, 8, dtype=dtype), rows)
+    except RuntimeError as exc:
+        return str(exc).splitlines()[0]
+    return None
 
 
 def pack_linears(model: torch.nn.Module, rows: int) -> str:
     """Replace every `nn.Linear` of `model` (on the CPU) by a PackedLinear; what it did, for the
-    log. Where this torch or CPU cannot pack the model's dtype (fp16 needs AVX512-FP16 or
-    AVX-NE-CONVERT), fp16 linears become TwoFormatLinears and others stay as they were; the log
+    log. Where this torch or CPU cannot pack the model's dtype, they stay as they were; the log
     says why."""
     dtype = next(model.parameters()).dtype
-    if not torch.backends.mkldnn.is_available():
-        log.info("static engine: no oneDNN in this torch; linears stay plain")
+    why = packs(dtype, rows)
+    if why is not None:
+        log.info("static engine: oneDNN cannot pack %s weights here (%s); linears stay plain", dtype, why)
         return ""
-    try:
-        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(8, 8, dtype=dtype), rows)
-    except RuntimeError as exc:
-        widen = dtype == torch.float16
-        log.info(
-            "static engine: oneDNN cannot pack %s weights here (%s); linears %s",
-            dtype,
-            exc,
-            f"read fp16 under {FP16_BELOW} rows, packed fp32 from there" if widen else "stay plain",
-        )
-        if not widen:
-            return ""
-        count = _replace_linears(model, lambda linear: TwoFormatLinear(linear, rows))
-        return f"{count} fp16 linears in two formats: fp16 under {FP16_BELOW} rows, packed fp32 from there"
     count = _replace_linears(model, lambda linear: PackedLinear(linear.weight, linear.bias, rows))
     return f"{count} linears packed for oneDNN"
+
+
+def half_weights(model: torch.nn.Module, rows: int) -> str:
+    """fp16 weights computed in fp32 (see above): round every parameter of the fp32 `model` to
+    fp16's values, and make every `nn.Linear` a HalfWeightLinear; what it did, for the log."""
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(param.half().float())
+    count = _replace_linears(model, lambda linear: HalfWeightLinear(linear, rows))
+    return f"fp16 weights computed in fp32: {count} linears read fp16 under {FP16_BELOW} rows, packed fp32 from there"
 
 
 def _replace_linears(model: torch.nn.Module, make) -> int:

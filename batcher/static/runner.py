@@ -31,7 +31,7 @@ from batcher.sequence import Prompt, Sequence
 from batcher.settings import StaticSettings
 from batcher.static import processors as per_row
 from batcher.static.isolation import RowFailures
-from batcher.static.linear import pack_linears
+from batcher.static.linear import half_weights, pack_linears, packs
 from batcher.static.prompt_logprobs import PromptLogprobs
 from batcher.static.rows import RoundRows
 
@@ -85,9 +85,15 @@ class Runner:
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype).to(self.device).eval()
         eager_on_cpu = self.device == "cpu" and self.compile_config is None
-        linears = pack_linears(self.model, self.max_batch) if eager_on_cpu else ""  # batcher/static/linear.py
+        # fp16 where oneDNN cannot pack it: fp16 weights computed in fp32 (batcher/static/linear.py)
+        half = eager_on_cpu and self.dtype == torch.float16 and packs(torch.float16) is not None
+        half = half and packs(torch.float32) is None
+        loaded = torch.float32 if half else self.dtype
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=loaded).to(self.device).eval()
+        linears = ""
+        if eager_on_cpu:  # batcher/static/linear.py
+            linears = (half_weights if half else pack_linears)(self.model, self.max_batch)
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
         log.info(

@@ -44,32 +44,32 @@ def test_on_a_cpu_the_linears_are_packed_and_give_transformers_own_logits(runner
     assert (packed_logits[real].argmax(-1) == plain_logits[real].argmax(-1)).all()
 
 
-def test_fp16_linears_that_cannot_be_packed_read_fp16_when_narrow_and_packed_fp32_when_wide():
-    """batcher/static/linear.py on a CPU without oneDNN fp16: a call of fewer than FP16_BELOW rows
-    (a narrow decode step) runs torch's fp16 kernel as before; a wider one (a round of 4, a prefill:
-    rows x positions) runs a packed fp32 copy of the same weights and is rounded back to fp16.
-    Where oneDNN packs fp16 (AVX512-FP16), they are packed."""
+def test_fp16_weights_computed_in_fp32_read_fp16_when_narrow_and_packed_fp32_when_wide():
+    """batcher/static/linear.py's half_weights (fp16 where oneDNN cannot pack it): every parameter
+    holds fp16's values; a call of fewer than FP16_BELOW rows (a narrow decode step) runs torch's
+    fp16 kernel on them, a wider one (a round of 4, a prefill: rows x positions) oneDNN on the same
+    values packed in fp32; either way the model's activations stay fp32."""
     import torch
 
-    from batcher.static.linear import FP16_BELOW, PackedLinear, TwoFormatLinear, pack_linears
+    from batcher.static.linear import FP16_BELOW, HalfWeightLinear, half_weights
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.Linear(96, 32, bias=False)).half()
-    plain = copy.deepcopy(model)
-    done = pack_linears(model, 4)
-    if isinstance(model[0], PackedLinear):
-        pytest.skip("oneDNN packs fp16 on this CPU")
-    assert done == f"2 fp16 linears in two formats: fp16 under {FP16_BELOW} rows, packed fp32 from there"
-    assert all(isinstance(layer, TwoFormatLinear) for layer in model)
-    narrow = torch.randn(FP16_BELOW - 1, 1, 64).half()  # a decode step: one position per row
-    wide = torch.randn(2, FP16_BELOW, 64).half()  # a prefill: rows x positions
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.Linear(96, 32, bias=False))
+    rounded = copy.deepcopy(model).half()
+    done = half_weights(model, 4)
+    assert done == f"fp16 weights computed in fp32: 2 linears read fp16 under {FP16_BELOW} rows, packed fp32 from there"
+    assert all(isinstance(layer, HalfWeightLinear) for layer in model)
+    assert torch.equal(model[0].weight, rounded[0].weight) and torch.equal(model[0].bias, rounded[0].bias)
+    narrow = torch.randn(FP16_BELOW - 1, 1, 64)  # a decode step: one position per row
+    wide = torch.randn(2, FP16_BELOW, 64)  # a prefill: rows x positions
     with torch.inference_mode():
-        assert torch.equal(model(narrow), plain(narrow))
-        first = torch.nn.functional.linear(wide.float(), plain[0].weight.float(), plain[0].bias.float())
+        assert torch.equal(model[0](narrow), rounded[0](narrow.half()).float())
         out = model[0](wide)
-        assert out.dtype == torch.float16
-        assert torch.allclose(out.float(), first, atol=2e-3, rtol=1e-3), (out.float() - first).abs().max()
-        assert torch.equal(out, model[0].wide(wide.float()).half())  # the packed fp32 copy, rounded back
+        assert out.dtype == torch.float32
+        assert torch.equal(out, model[0].wide(wide))  # the packed fp32 copy
+        same_values = torch.nn.functional.linear(wide, rounded[0].weight.float(), rounded[0].bias.float())
+        assert torch.allclose(out, same_values, atol=1e-5, rtol=1e-5), (out - same_values).abs().max()
+        assert model(narrow).dtype == model(wide).dtype == torch.float32
 
 
 def test_greedy_output_is_the_same_alone_and_in_a_padded_batch(runner_fp32):
