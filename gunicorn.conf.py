@@ -10,12 +10,15 @@ import subprocess
 import tempfile
 
 from deploy.cluster import DEFAULT_HOST, warn_if_open
-from service.config import Config
+from service.config import Config, SettingError
 
-SERVICE = Config.from_env()  # the worker's settings, read here too (no torch: service/config.py)
+try:  # the worker's settings, read here too (no torch: service/config.py), and checked before anything starts
+    SERVICE = Config.from_env()
+except SettingError as exc:  # one line, no traceback: gunicorn lets SystemExit through
+    raise SystemExit(f"gunicorn: not starting: {exc}") from None
 
 HOST = os.environ.get("HOST") or DEFAULT_HOST
-bind = f"{HOST}:{os.environ.get('PORT', '8000')}"
+bind = f"{HOST}:{SERVICE.port}"
 
 # One process: the model thread(s) and every request thread share the engines' memory, so no
 # multiprocessing hop between web and model. More workers would each load their own models.
@@ -36,8 +39,8 @@ worker_connections = 1000
 # a shorter queue would drop connection attempts instead (a client's retry waits a second).
 backlog = 2048
 # The arbiter's heartbeat; gthread's main loop keeps beating while requests wait on the model.
-timeout = int(os.environ.get("GUNICORN_TIMEOUT", "300"))
-graceful_timeout = int(os.environ.get("GRACEFUL_TIMEOUT", "30"))
+timeout = SERVICE.gunicorn_timeout
+graceful_timeout = SERVICE.graceful_timeout
 DRAIN_MARGIN_S = 5  # of graceful_timeout, for the last responses to be written after the drain
 keepalive = 5
 # Threads do not survive fork, and CUDA must not start in the master: load the app in the worker.

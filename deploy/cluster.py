@@ -28,7 +28,6 @@ import ipaddress
 import json
 import logging
 import os
-import runpy
 import shutil
 import subprocess
 import sys
@@ -113,21 +112,17 @@ class Settings:
         reads them, defaults included (imported here: `service` loads torch, the module need not)."""
         from service.config import Config
 
-        config = Config.from_env()
-        port = int(os.environ.get("PORT", "8000"))
-        replicas = int(os.environ.get("REPLICAS", "2"))
-        if replicas < 1:
-            raise ValueError(f"REPLICAS must be >= 1, got {replicas}")
+        config = Config.from_env()  # SettingError names a setting out of its range
+        port, replicas = config.port, config.replicas
         return cls(
             host=os.environ.get("HOST") or DEFAULT_HOST,
             port=port,
             replicas=replicas,
             run_dir=Path(os.environ.get("CLUSTER_DIR") or ROOT / ".cache" / "cluster" / str(port)).resolve(),
-            # gunicorn's own setting, as its config file reads it (the one place its default lives)
-            graceful_timeout_s=runpy.run_path(str(ROOT / "gunicorn.conf.py"))["graceful_timeout"],
+            graceful_timeout_s=config.graceful_timeout,  # gunicorn.conf.py reads the same field
             request_timeout_s=config.request_timeout_s,
             max_body_bytes=config.max_body_bytes,
-            client_timeout_s=int(os.environ.get("CLIENT_TIMEOUT_S", "30")),
+            client_timeout_s=config.client_timeout_s,
             accel=os.environ.get("ACCEL", "cpu"),
             preload=os.environ.get("REPLICA_PRELOAD", ""),
             replica_host=os.environ.get("REPLICA_HOST") or DEFAULT_HOST,
@@ -338,7 +333,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--health-timeout", type=float, default=600, help="seconds a replica may take to be healthy")
     args = parser.parse_args(argv)
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
-    settings = Settings.from_env()
+    from service.config import SettingError
+
+    try:
+        settings = Settings.from_env()
+    except SettingError as exc:  # one line naming the setting, no traceback
+        raise SystemExit(f"deploy.cluster: not starting: {exc}") from None
     if args.command == "serve":
         serve(settings)
     elif args.command == "run":

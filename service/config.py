@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import field, fields
+from typing import Annotated
+
+from pydantic import ConfigDict, Field, ValidationError
+from pydantic.dataclasses import dataclass
 
 from batcher.checkpoint import CHECKPOINT_NAME, DEFAULT_CACHE_DIR, DEFAULT_MODEL
 from batcher.compile_cache import DEFAULT_COMPILE_CACHE_DIR
@@ -29,11 +33,27 @@ VLLM_AS_SET = (
 PROBE_THREADS = 8
 
 
-def _flag(value: str) -> bool:
-    return value.strip().lower() in ("1", "true", "yes", "on")
+class SettingError(ValueError):
+    """A setting that cannot run: one line naming it, its range and what it got (no traceback)."""
 
 
-@dataclass(frozen=True)
+# A numeric setting's range, declared once beside its field: the start-up check reads it, and the
+# Knobs table of docs/operations.md shows it (tests/unit/test_settings.py keeps the two equal).
+# pydantic does the checking (finite, in range, a number at all); `range_text` words it.
+def between(low: float | None = None, high: float | None = None, *, above: float | None = None):
+    return Field(ge=low, le=high, gt=above)
+
+
+def _text(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+# Ranges are generous: they keep out what cannot work (0 threads, a negative timeout, NaN), not
+# what is merely unusual. A day bounds the timeouts: a longer one is a typo, not a plan.
+DAY_S = 86400
+
+
+@dataclass(frozen=True, config=ConfigDict(allow_inf_nan=False, extra="forbid"))
 class Config:
     # model
     model: str = DEFAULT_MODEL  # "smollm2", a Hugging Face model id or a local folder
@@ -45,89 +65,84 @@ class Config:
     profile_dir: str = DEFAULT_PROFILE_DIR  # the machine profiles (one JSON per machine key)
     served_model_name: str = ""  # the id in /v1/models; "": the model folder's name (or MODEL itself)
     # API_KEY: one key or several, comma-separated; when set, the generate routes want
-    # "Authorization: Bearer <key>" (unset: open, for localhost)
-    api_key: str = field(default="", repr=False)
+    # "Authorization: Bearer <key>". None (unset): open, for localhost. Set but holding no usable
+    # key (blank, commas only: an empty Secret) is a start error, never an open service.
+    api_key: str | None = field(default=None, repr=False)
     # CHAT_TEMPLATE: a Jinja chat template file that replaces the model's own (vLLM's --chat-template)
     chat_template: str = ""
     compile_cache_dir: str = DEFAULT_COMPILE_CACHE_DIR  # vLLM's and Inductor's compile caches; "" = theirs
     # static batching
-    batch_size: int = 4
-    batch_wait_ms: float = 0.0
-    max_queue: int = 256
-    max_input_tokens: int = 512
-    max_new_tokens: int = 20  # default for a request that names no max_tokens
-    max_new_tokens_limit: int = 512  # largest max_tokens a request may ask for
-    max_prompts_per_request: int = 256
-    max_n: int = 8  # largest n (completions per prompt) a request may ask for
-    max_body_bytes: int = 1 << 20
-    request_timeout_s: float = 120.0
+    batch_size: Annotated[int, between(1, 256)] = 4
+    batch_wait_ms: Annotated[float, between(0, 60_000)] = 0.0
+    max_queue: Annotated[int, between(1, 1_000_000)] = 256
+    max_input_tokens: Annotated[int, between(1, 1 << 20)] = 512
+    max_new_tokens: Annotated[int, between(1, 1 << 20)] = 20  # default for a request that names no max_tokens
+    max_new_tokens_limit: Annotated[int, between(1, 1 << 20)] = 512  # largest max_tokens a request may ask for
+    max_prompts_per_request: Annotated[int, between(1, 1_000_000)] = 256
+    max_n: Annotated[int, between(1, 1024)] = 8  # largest n (completions per prompt) a request may ask for
+    max_body_bytes: Annotated[int, between(1024, 1 << 30)] = 1 << 20
+    request_timeout_s: Annotated[float, between(high=DAY_S, above=0)] = 120.0
     # an engine that holds work and makes no progress (no token, no finished round or step) for
     # this long is failed: /health 503, its requests 503, and the process leaves (crash-only)
-    engine_stall_s: float = 300.0
+    engine_stall_s: Annotated[float, between(high=DAY_S, above=0)] = 300.0
     # xgrammar's cache of compiled grammars, per process (vLLM caps its own at 512 MB)
-    grammar_cache_mb: int = 512
+    grammar_cache_mb: Annotated[int, between(1, 1 << 20)] = 512
     # gunicorn's gthread threads (gunicorn.conf.py reads this field): a request holds one while
     # it is served, a generate request until its reply or stream ends
-    threads: int = 128
+    threads: Annotated[int, between(2, 10_000)] = 128
     # generate requests (every route that runs prompts) served at once; past it, 429 `too_busy` at
     # once (service/http/inflight.py). 0: THREADS - PROBE_THREADS, the threads left for /health, /metrics
     # and the refusals themselves
-    max_inflight_requests: int = 0
+    max_inflight_requests: Annotated[int, between(0, 10_000)] = 0
     # a small process of its own answers /health, /livez and /metrics on this port from what the
     # worker publishes (deploy/probe.py), never behind the worker's GIL: point the orchestrator's
     # probes and the scrapes here. 0: none (the worker's own routes still answer)
-    probe_port: int = 0
-    torch_threads: int = 0  # 0: every core the process may use
+    probe_port: Annotated[int, between(0, 65535)] = 0
+    torch_threads: Annotated[int, between(0, 4096)] = 0  # 0: every core the process may use
     # auto: from the profile on a CPU (fp32 eager without one); compiled on a GPU
     static_compile: str = "auto"  # auto | 0 | 1
     # continuous batching (vLLM)
     vllm_enabled: bool = True
-    vllm_max_num_seqs: int = 64
-    vllm_max_model_len: int = 2048
-    vllm_kv_cache_gib: int = 1  # CPU only: VLLM_CPU_KVCACHE_SPACE, whole GiB
-    vllm_gpu_memory_utilization: float = 0.5  # GPU only
-    vllm_max_inbox: int = 256
+    vllm_max_num_seqs: Annotated[int, between(1, 65536)] = 64
+    vllm_max_model_len: Annotated[int, between(2, 1 << 22)] = 2048
+    vllm_kv_cache_gib: Annotated[int, between(1, 4096)] = 1  # CPU only: VLLM_CPU_KVCACHE_SPACE, whole GiB
+    vllm_gpu_memory_utilization: Annotated[float, between(high=1, above=0)] = 0.5  # GPU only
+    vllm_max_inbox: Annotated[int, between(1, 1_000_000)] = 256
     # auto: from the profile on a CPU (eager without one); compiled on a GPU
     vllm_enforce_eager: str = "auto"  # auto | 0 | 1
-    vllm_tensor_parallel_size: int = 1  # GPUs one vLLM engine spans (a model larger than one GPU)
+    vllm_tensor_parallel_size: Annotated[int, between(1, 1024)] = 1  # GPUs one vLLM engine spans
+    # serving: gunicorn.conf.py and deploy/cluster.py read these (the master too: no torch here)
+    port: Annotated[int, between(1, 65535)] = 8000
+    gunicorn_timeout: Annotated[int, between(1, DAY_S)] = 300  # the arbiter's heartbeat
+    graceful_timeout: Annotated[int, between(1, DAY_S)] = 30  # shutdown grace, which bounds the drain
+    replicas: Annotated[int, between(1, 256)] = 2  # `make cluster`'s gunicorns
+    client_timeout_s: Annotated[int, between(1, DAY_S)] = 30  # nginx's wait for a request's headers and body
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise ValueError(f"BATCH_SIZE must be >= 1, got {self.batch_size}")
-        if self.batch_wait_ms < 0:
-            raise ValueError(f"BATCH_WAIT_MS must be >= 0, got {self.batch_wait_ms}")
-        if self.max_queue < 1:
-            raise ValueError(f"MAX_QUEUE must be >= 1, got {self.max_queue}")
-        if not 1 <= self.max_new_tokens <= self.max_new_tokens_limit:
-            raise ValueError("MAX_NEW_TOKENS must lie in 1..MAX_NEW_TOKENS_LIMIT")
-        if self.max_n < 1:
-            raise ValueError(f"MAX_N must be >= 1, got {self.max_n}")
-        if self.max_input_tokens < 1 or self.max_prompts_per_request < 1:
-            raise ValueError("MAX_INPUT_TOKENS and MAX_PROMPTS_PER_REQUEST must be >= 1")
-        if self.request_timeout_s <= 0:
-            raise ValueError(f"REQUEST_TIMEOUT_S must be > 0, got {self.request_timeout_s}")
-        if self.engine_stall_s <= 0:
-            raise ValueError(f"ENGINE_STALL_S must be > 0, got {self.engine_stall_s}")
-        if self.grammar_cache_mb < 1:
-            raise ValueError(f"GRAMMAR_CACHE_MB must be >= 1, got {self.grammar_cache_mb}")
+        if self.api_key is not None and not self.api_keys:
+            raise SettingError(
+                "API_KEY is set but holds no usable key (blank, or separators only): set a key,"
+                " or leave API_KEY unset to serve without one"
+            )
+        unusable = [key for key in self.api_keys if not key.isascii() or not key.isprintable() or " " in key]
+        if unusable:
+            raise SettingError("API_KEY: a key must be printable ASCII with no spaces (it travels in a header)")
+        if self.max_new_tokens > self.max_new_tokens_limit:
+            raise SettingError("MAX_NEW_TOKENS must lie in 1..MAX_NEW_TOKENS_LIMIT")
         if not 0 < self.inflight_limit < self.threads:  # 0 is the default: THREADS - PROBE_THREADS
-            raise ValueError(
+            raise SettingError(
                 f"MAX_INFLIGHT_REQUESTS must lie in 1..THREADS - 1, got {self.inflight_limit} (THREADS {self.threads})"
             )
-        if not 0 <= self.probe_port <= 65535:
-            raise ValueError(f"PROBE_PORT must lie in 0..65535, got {self.probe_port}")
-        if self.vllm_tensor_parallel_size < 1:
-            raise ValueError(f"VLLM_TENSOR_PARALLEL_SIZE must be >= 1, got {self.vllm_tensor_parallel_size}")
         if self.dtype not in ("auto", "bfloat16", "float16", "float32"):
-            raise ValueError(f"DTYPE must be auto, bfloat16, float16 or float32, got {self.dtype!r}")
+            raise SettingError(f"DTYPE must be auto, bfloat16, float16 or float32, got {self.dtype!r}")
         if self.static_compile not in ("auto", "0", "1"):
-            raise ValueError(f"STATIC_COMPILE must be auto, 0 or 1, got {self.static_compile!r}")
+            raise SettingError(f"STATIC_COMPILE must be auto, 0 or 1, got {self.static_compile!r}")
         if self.vllm_enforce_eager not in ("auto", "0", "1"):
-            raise ValueError(f"VLLM_ENFORCE_EAGER must be auto, 0 or 1, got {self.vllm_enforce_eager!r}")
+            raise SettingError(f"VLLM_ENFORCE_EAGER must be auto, 0 or 1, got {self.vllm_enforce_eager!r}")
         if self.chat_template and not os.path.isfile(self.chat_template):
-            raise ValueError(f"CHAT_TEMPLATE must be a file, got {self.chat_template!r}")
+            raise SettingError(f"CHAT_TEMPLATE must be a file, got {self.chat_template!r}")
         if self.max_input_tokens + self.max_new_tokens_limit > self.vllm_max_model_len:
-            raise ValueError("MAX_INPUT_TOKENS + MAX_NEW_TOKENS_LIMIT must fit in VLLM_MAX_MODEL_LEN")
+            raise SettingError("MAX_INPUT_TOKENS + MAX_NEW_TOKENS_LIMIT must fit in VLLM_MAX_MODEL_LEN")
 
     @property
     def model_name(self) -> str:
@@ -146,7 +161,7 @@ class Config:
 
     @property
     def api_keys(self) -> list[str]:
-        return [key.strip() for key in self.api_key.split(",") if key.strip()]
+        return [key.strip() for key in (self.api_key or "").split(",") if key.strip()]
 
     @property
     def inflight_limit(self) -> int:
@@ -197,13 +212,42 @@ class Config:
 
     @classmethod
     def from_env(cls, **overrides) -> Config:
-        """Every field can be set by the upper-case environment variable of its name."""
-        values = {}
+        """Every field can be set by the upper-case environment variable of its name. A setting
+        out of its range raises SettingError: one line per bad setting, naming it and its range."""
+        values: dict = {}
         for f in fields(cls):
             raw = os.environ.get(f.name.upper())
-            if raw is None:
-                continue
-            kind = type(f.default)
-            values[f.name] = _flag(raw) if kind is bool else kind(raw)
+            if raw is not None:
+                values[f.name] = raw if f.name == "api_key" else raw.strip()  # pydantic parses the rest
         values.update(overrides)
-        return cls(**values)
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            raise SettingError("; ".join(_worded(error) for error in exc.errors())) from None
+
+
+def range_text(name: str) -> str:
+    """A field's range as the start-up check and the docs' Knobs table word it: `1..256`,
+    `> 0, <= 86400`; "" for a field with none."""
+    bounds = {}
+    for item in Config.__pydantic_fields__[name].metadata:
+        for key in ("ge", "gt", "le"):
+            if getattr(item, key, None) is not None:
+                bounds[key] = getattr(item, key)
+    if "ge" in bounds and "le" in bounds:
+        return f"{_text(bounds['ge'])}..{_text(bounds['le'])}"
+    words = {"ge": ">=", "gt": ">", "le": "<="}
+    return ", ".join(f"{words[key]} {_text(value)}" for key, value in bounds.items())
+
+
+def _worded(error: dict) -> str:
+    """One pydantic error as one line: `REQUEST_TIMEOUT_S must be a finite number in > 0, <= 86400, got 'nan'`."""
+    if not error["loc"]:  # __post_init__'s own rules raise SettingError, already worded
+        return str(error.get("ctx", {}).get("error", error["msg"]))
+    name = str(error["loc"][0])
+    kind = {"int": "a whole number", "float": "a finite number", "bool": "a flag (1/0, true/false, yes/no, on/off)"}
+    field_type = str(Config.__pydantic_fields__[name].annotation)
+    what = next((words for key, words in kind.items() if key in field_type), "a string")
+    span = range_text(name)
+    span = f" in {span}" if ".." in span else f" ({span})" if span else ""
+    return f"{name.upper()} must be {what}{span}, got {error['input']!r}"

@@ -157,4 +157,4 @@ def test_the_cap_lies_below_threads_and_defaults_to_threads_less_the_probes_shar
     assert Config(threads=16, max_inflight_requests=15).inflight_limit == 15
     for bad in ({"threads": 16, "max_inflight_requests": 16}, {"threads": 8}, {"max_inflight_requests": -1}):
         with pytest.raises(ValueError, match="MAX_INFLIGHT_REQUESTS"):
-            Config(**bad)
+            Config.from_env(**bad)  # worded as the start's check says it
