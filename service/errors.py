@@ -46,6 +46,12 @@ class InvalidText(ApiError):
     status, type = 400, "invalid_text"
 
 
+class UnsupportedMediaType(ApiError):
+    """A body not sent as JSON (a form, text/plain): what a web page may send cross-site."""
+
+    status, type = 415, "unsupported_media_type"
+
+
 class UnknownField(ApiError):
     """A field the demo routes do not know (a typo, most likely): named, with the nearest name."""
 
@@ -105,6 +111,7 @@ OPENAI_TYPES = {
     401: "authentication_error",
     404: "not_found_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     429: "rate_limit_error",
     503: "service_unavailable_error",
     504: "timeout_error",

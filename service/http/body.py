@@ -1,12 +1,20 @@
-"""A request body read once: JSON, nested at most MAX_JSON_DEPTH deep, every string encodable
-text (`json_body`, every route that takes a body). Its model (service/protocol/) checks the rest."""
+"""A request body read once: sent as JSON, nested at most MAX_JSON_DEPTH deep, every string
+encodable text (`json_body`, every route that takes a body). Its model (service/protocol/) checks
+the rest.
+
+JSON only, by its Content-Type (`application/json`, any charset, or an `application/*+json`
+type): anything else is a 415 before the body is read. A web page on another origin can make a
+browser POST a form or `text/plain` without asking first (no CORS preflight), and reading such a
+body as JSON would let any page a developer visits spend this service's CPU; `application/json`
+from another origin needs a preflight, which this service never grants (it sends no CORS
+headers). FastAPI, under vLLM's own server, refuses a JSON body sent as anything else likewise."""
 
 from __future__ import annotations
 
 from flask import Request
 from werkzeug.exceptions import BadRequest
 
-from service.errors import InvalidJson, InvalidRequest, InvalidText
+from service.errors import InvalidJson, InvalidRequest, InvalidText, UnsupportedMediaType
 
 # What parses below Python's recursion limit can still be too deep for what reads it later (a
 # schema's validator, the grammar compiler, recursive code): a body nests at most this much,
@@ -18,9 +26,12 @@ def json_body(request: Request) -> dict:
     """The body as a JSON object, nested at most MAX_JSON_DEPTH deep and all its text encodable:
     every route that takes a body reads it here, so every field is checked once, before anything
     can reach a tokenizer, a grammar compiler or an engine."""
+    if not request.is_json:  # werkzeug's rule: application/json or application/*+json, any parameters
+        sent = request.mimetype or "no Content-Type"
+        raise UnsupportedMediaType(f"the request body must be sent as 'Content-Type: application/json', not {sent}")
     too_deep = InvalidJson(f"request body is not valid JSON: nested deeper than {MAX_JSON_DEPTH} levels")
     try:
-        body = request.get_json(force=True)  # the body is JSON whatever the Content-Type says
+        body = request.get_json()
     except BadRequest as exc:
         raise InvalidJson("request body is not valid JSON") from exc
     except RecursionError as exc:  # Python's parser recurses once per level: ~1,000 deep ends here

@@ -18,7 +18,7 @@ from transformers import AutoTokenizer
 
 from bench import serve_client
 from tests.helpers import BASES, MODEL, PARIS, wait_until
-from tests.helpers.servers import KEY, STATIC_SERVER_QUEUE, auth
+from tests.helpers.servers import KEY, STATIC_SERVER_QUEUE, auth, json_auth
 
 DEMO_ROUTE = {"/v1": "/generate_vllm", "/static/v1": "/generate"}
 
@@ -192,7 +192,7 @@ def test_errors_arrive_as_the_sdks_exception_classes(sdk):
 
 @BASES
 def test_invalid_json_is_a_400_in_openais_shape(server, base):
-    r = requests.post(f"{server.url}{base}/completions", data="{nope", headers=auth(), timeout=30)
+    r = requests.post(f"{server.url}{base}/completions", data="{nope", headers=json_auth(), timeout=30)
     assert r.status_code == 400
     assert r.json() == {
         "error": {

@@ -15,7 +15,7 @@ import requests
 
 from service.openai import fields as openai_fields
 from tests.helpers import BASES, MODEL, PARIS
-from tests.helpers.servers import auth, nothing_held
+from tests.helpers.servers import auth, json_auth, nothing_held
 
 # its fixtures, on the session's shared gunicorn (tests/e2e/conftest.py: both engines, API_KEY set)
 
@@ -207,11 +207,11 @@ def test_the_request_id_is_echoed_and_logged(server, sdk, base):
 def test_a_body_nested_5000_deep_is_a_400_like_bad_json_and_the_engines_keep_running(server, sdk, base):
     deep, mark = "[" * 5000 + "]" * 5000, server.log_mark()
     for body in (deep, '{"prompt": "Hi", "stop": ' + deep + "}"):
-        r = requests.post(f"{server.url}{base}/completions", data=body, headers=auth(), timeout=30)
+        r = requests.post(f"{server.url}{base}/completions", data=body, headers=json_auth(), timeout=30)
         assert r.status_code == 400, r.text
         error = r.json()["error"]
         assert error["type"] == "invalid_request_error" and error["code"] == "invalid_json", error
-    demo = requests.post(f"{server.url}/generate", data=deep, headers=auth(), timeout=30)
+    demo = requests.post(f"{server.url}/generate", data=deep, headers=json_auth(), timeout=30)
     assert demo.status_code == 400 and demo.json()["type"] == "invalid_json"
     nothing_held(server)
     assert sdk.completions.create(model=MODEL, prompt=PARIS, max_tokens=2, temperature=0).choices[0].text

@@ -18,6 +18,11 @@ def auth(key: str = KEY) -> dict:
     return {"Authorization": f"Bearer {key}"}
 
 
+def json_auth(key: str = KEY) -> dict:
+    """`auth` and the JSON Content-Type, for a body sent as raw bytes (every body route takes JSON only)."""
+    return {**auth(key), "Content-Type": "application/json"}
+
+
 @contextlib.contextmanager
 def serving(folder: Path, env: dict[str, str], ready=("static", "vllm"), disabled=()) -> Iterator[Server]:
     """A real gunicorn (deploy/server.py) logging to `folder`/server.log, with `env` on top of

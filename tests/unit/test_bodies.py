@@ -123,3 +123,32 @@ def test_docs_openai_responses_table_is_the_model():
     ignored = {name for row in rows if row[0] == "ignored" for name in NAME.findall(row[1])}
     assert set(names(Responses)) <= documented
     assert set(responses.IGNORED) <= ignored
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    ["text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded", "multipart/form-data", None],
+)
+def test_a_body_not_sent_as_json_is_a_415_before_it_is_read(content_type):
+    """What a web page on another origin can make a browser send without a CORS preflight."""
+    from flask import Flask, request
+
+    from service.errors import UnsupportedMediaType
+    from service.http.body import json_body
+
+    headers = {} if content_type is None else {"Content-Type": content_type}
+    with Flask(__name__).test_request_context("/", method="POST", data='{"prompts": ["Hi"]}', headers=headers):
+        with pytest.raises(UnsupportedMediaType) as refused:
+            json_body(request)
+    assert refused.value.status == 415 and "application/json" in str(refused.value)
+
+
+@pytest.mark.parametrize("content_type", ["application/json", "application/json; charset=utf-8", "application/x+json"])
+def test_json_in_any_charset_or_a_json_suffix_type_is_read(content_type):
+    from flask import Flask, request
+
+    from service.http.body import json_body
+
+    headers = {"Content-Type": content_type}
+    with Flask(__name__).test_request_context("/", method="POST", data='{"prompts": ["Hi"]}', headers=headers):
+        assert json_body(request) == {"prompts": ["Hi"]}
