@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 
 # the routes that run prompts: counted in request_latency_seconds and logged one line each
 GENERATE_BLUEPRINTS = set(demo_routes.ROUTES) | {f"openai_{engine}" for engine in openai_routes.PREFIXES}
+# the routes the in-flight cap counts: those, and /tokenize, whose chat rendering (up to 1,024
+# messages through the template) holds a thread and the GIL as long as a short generation does
+CAPPED_BLUEPRINTS = GENERATE_BLUEPRINTS | {f"tokenize_{engine}" for engine in tokenize.PREFIXES}
 
 
 def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
@@ -73,7 +76,7 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
     errors.register(app)
     request_id.register(app)  # first of the app's hooks
     _observe_requests(app, metrics)
-    inflight.register(app, config.inflight_limit, GENERATE_BLUEPRINTS)  # after the hooks a refusal needs
+    inflight.register(app, config.inflight_limit, CAPPED_BLUEPRINTS)  # after the hooks a refusal needs
 
     if start:
         static_engine.start()

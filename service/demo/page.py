@@ -46,9 +46,9 @@ def race():
     served = lookup.served()
     body = validate(RaceBody, json_body(request), served.config)  # the generate routes' checks, the engine, the mode
     plan = routes.plan(body, served)
-    eng = lookup.engine(body.engine)
-    eng.check_available()  # 503 now, before the feed: loading, failed, disabled, draining
+    run = lookup.run(body.engine, body.max_queue_ms)  # the generate routes' deadlines, admission's too
+    run.engine.check_available()  # 503 now, before the feed: loading, failed, disabled, draining
     # the page's two knobs; every other field at its neutral default, greedy
     params = SamplingParams(max_tokens=plan.params.max_tokens, ignore_eos=plan.params.ignore_eos)
-    feed = Race(eng, body.mode or MODES[0], plan.prompts, params, served.config.request_timeout_s)
+    feed = Race(run, body.mode or MODES[0], plan.prompts, params)
     return sse.response(iter(feed))

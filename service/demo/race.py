@@ -1,9 +1,10 @@
 """The race page's feed: one engine's N prompts, sent the chosen way, as one event stream.
 
-The feed hands the prompts to the engine itself, as the generate routes do (`fan_out`, the
-engine's `submit()`), and multiplexes what comes back in the demo streams' own events
-(replies.py), each tagged with the prompt's `index` and `t_ms`, milliseconds since the
-race began (one clock for all rows), after a `{"index", "t_ms", "sent": true}`:
+The feed hands the prompts to the engine through admission, as the generate routes do
+(`generation.submit` under the request's `Run`: REQUEST_TIMEOUT_S, X-Max-Queue-Ms or
+`max_queue_ms`; a row refused there ends with the route's own error event), and multiplexes what
+comes back in the demo streams' own events (replies.py), each tagged with the prompt's `index`
+and `t_ms`, milliseconds since the race began (one clock for all rows), after a `{"index", "t_ms", "sent": true}`:
 
 - `concurrent`: N one-prompt requests, each submitted on its own, as N clients of
   /generate_stream (or /generate_vllm_stream) with `details` would send them: the round (or
@@ -30,7 +31,7 @@ from batcher.sampling import SamplingParams
 from batcher.sequence import Sequence
 from service.demo import replies
 from service.errors import log_unexpected
-from service.generation import Engine, deadline_exceeded, fan_out
+from service.generation import Run, deadline_exceeded, submit
 from service.http import sse
 
 MODES = ("concurrent", "batch")
@@ -42,10 +43,11 @@ CHECK_S = 0.5
 class Race:
     """One engine's run of `prompts`; iterate it for the SSE lines of the feed."""
 
-    def __init__(self, eng: Engine, mode: str, prompts: list[str], params: SamplingParams, timeout: float):
-        self.eng, self.mode, self.prompts, self.params, self.timeout = eng, mode, prompts, params, timeout
+    def __init__(self, run: Run, mode: str, prompts: list[str], params: SamplingParams):
+        self.run, self.mode, self.prompts, self.params = run, mode, prompts, params
+        self.eng, self.timeout = run.engine, run.timeout_s
         self._t0 = time.monotonic()
-        self._deadline = self._t0 + timeout
+        self._deadline = self._t0 + self.timeout
         self._seqs: list[Sequence] = []  # what the engine holds for this race, cancelled at the end
 
     def _event(self, index: int, payload: dict, at: float | None = None) -> str:
@@ -84,10 +86,9 @@ class Race:
         sent = []  # written after every submit, so that the N requests go in together
         for index, prompt in enumerate(self.prompts):
             sent.append(self._event(index, {"sent": True}))
-            [seq] = fan_out([prompt], self.params, pieces=pieces)
             try:
-                self.eng.submit([seq])
-            except Exception as exc:  # refused (queue full, shutting down, ...): this row only
+                [seq] = submit(self.run, [prompt], self.params, pieces=pieces)
+            except Exception as exc:  # refused (queue full, too long a wait, shutting down, ...): this row only
                 sent.append(self._event(index, self._refused(exc)))
                 continue
             self._seqs.append(seq)
@@ -118,9 +119,8 @@ class Race:
     def _batch(self) -> Iterator[str]:
         indices = range(len(self.prompts))
         sent = [self._event(index, {"sent": True}) for index in indices]
-        seqs = fan_out(self.prompts, self.params)
         try:
-            self.eng.submit(seqs)
+            seqs = submit(self.run, self.prompts, self.params)
         except Exception as exc:  # refused: the whole request, as /generate answers it
             refused = self._refused(exc)
             yield from sent

@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import functools
 
-from flask import Blueprint, Flask, current_app, jsonify
+from flask import Blueprint, Flask, Response, current_app, jsonify
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
@@ -131,4 +131,12 @@ def document(app: Flask) -> dict:
 
 @bp.get("/openapi.json")
 def openapi():
-    return jsonify(document(current_app))
+    """Built once per app, at its first request, and kept as bytes: the document deep-copies and
+    fills every schema, tens of milliseconds of one thread and the GIL, which an open route that
+    anyone may call in a loop must not spend on every call. The app's routes and settings never
+    change after start, so neither does it (two first requests at once may both build it; the same
+    bytes either way)."""
+    body = current_app.extensions.get("openapi")
+    if body is None:
+        body = current_app.extensions["openapi"] = jsonify(document(current_app)).get_data()
+    return Response(body, mimetype="application/json")

@@ -92,6 +92,27 @@ def test_a_deadline_the_backlog_cannot_meet_is_429_at_once_and_enqueues_nothing(
         assert backlog.workload.qsize() == 8 and prompts_counted(app, "static") == counted, case  # nothing enqueued
 
 
+@pytest.mark.parametrize("mode", ["concurrent", "batch"])
+def test_the_race_feed_goes_through_admission_as_the_generate_routes_do(backlog_app, backlog, mode):
+    """A race whose rows the backlog keeps past its deadline: each row ends refused (429
+    `wait_too_long`) at once, and nothing is enqueued. The feed is read in a thread of its own, so
+    that a feed that admitted its rows (and waited behind the held round) fails here, not hangs."""
+    body = {"engine": "static", "mode": mode, "prompts": ["a", "b"], "max_tokens": 3}
+    counted, events, ended = prompts_counted(backlog_app, "static"), [], threading.Event()
+
+    def read():
+        reply = post(backlog_app.test_client(), "/race", body, {"X-Max-Queue-Ms": "200"})
+        events.extend(json.loads(line[6:]) for line in reply.get_data(as_text=True).splitlines() if line.strip())
+        ended.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    assert ended.wait(120), "the race feed admitted its rows: it waits behind the backlog"
+    assert events[-1] == {"race_done": True}
+    refused = [e for e in events if e.get("type") == "wait_too_long"]
+    assert sorted(e["index"] for e in refused) == [0, 1] and all(e["status"] == 429 for e in refused), events
+    assert backlog.workload.qsize() == 8 and prompts_counted(backlog_app, "static") == counted  # nothing enqueued
+
+
 def test_the_same_request_with_a_generous_deadline_waits_and_is_answered(backlog_app, backlog, held_rounds):
     app, replies = backlog_app, {}
 

@@ -102,3 +102,15 @@ def _values(node, key: str):
     elif isinstance(node, list):
         for item in node:
             yield from _values(item, key)
+
+
+def test_it_is_built_once_and_then_served_as_built(monkeypatch):
+    """An open route anyone may call in a loop: the document is built at the first call only."""
+    import service.ops.openapi as module
+
+    built = []
+    monkeypatch.setattr(module, "document", lambda app: built.append(app) or document(app))
+    app = create_app(Config.from_env(), start=False)
+    replies = [app.test_client().get("/openapi.json") for _ in range(3)]
+    assert len(built) == 1 and all(r.status_code == 200 for r in replies)
+    assert replies[0].get_data() == replies[2].get_data() and replies[2].json["openapi"] == "3.1.0"

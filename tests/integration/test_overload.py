@@ -115,6 +115,19 @@ def test_a_wrong_or_missing_key_is_a_401_even_while_the_cap_is_full():
         held.release()
 
 
+@pytest.mark.parametrize("path", ["/tokenize", "/static/tokenize", "/detokenize"])
+def test_tokenize_counts_under_the_cap_as_the_generate_routes_do(path):
+    """A 1,024-message chat to render holds a thread as a generation does: past the cap, 429."""
+    app = create_app(Config(vllm_enabled=False, max_inflight_requests=1, threads=4), start=False)
+    held = app.extensions["inflight"].try_enter()  # the cap, full
+    try:
+        r = app.test_client().post(path, json={"prompt": "Hi"})
+        assert r.status_code == 429 and r.json["error"]["code"] == "too_busy", r.get_data(as_text=True)
+    finally:
+        held.release()
+    assert app.extensions["inflight"].held == 0
+
+
 @pytest.mark.parametrize(
     "path, body, status",
     [
