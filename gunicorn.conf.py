@@ -9,7 +9,10 @@ import signal
 import subprocess
 import tempfile
 
+from gunicorn.errors import HaltServer
+
 from deploy.cluster import DEFAULT_HOST, warn_if_open
+from deploy.starts import EXIT_STATUS, FailedStarts
 from service.config import Config, SettingError
 
 try:  # the worker's settings, read here too (no torch: service/config.py), and checked before anything starts
@@ -66,6 +69,7 @@ logconfig_dict = {
 
 
 PROBE = {}  # the probe server (deploy/probe.py), the master's child: "process", "dir"
+STARTS = FailedStarts()  # how each worker's start ended, counted in the master (deploy/starts.py)
 
 
 def when_ready(server):
@@ -77,6 +81,7 @@ def when_ready(server):
     for address in server.cfg.address:  # (host, port), or a unix socket's path
         if isinstance(address, tuple):
             warn_if_open(server.log, "gunicorn", address[0], address[1], bool(SERVICE.api_keys))
+    STARTS.open()
     if SERVICE.probe_port:
         from deploy.probe import spawn
 
@@ -93,8 +98,31 @@ def when_ready(server):
         )
 
 
+def child_exit(server, worker):
+    """In the master, once a worker has gone: count its start if it failed (deploy/starts.py)."""
+    failed = STARTS.worker_left(worker.pid)
+    if failed is not None:
+        server.log.error(
+            "the %s engine failed to load (%s): failed start %d of %d in a row",
+            failed["engine"],
+            failed["error"],
+            STARTS.in_a_row,
+            STARTS.limit,
+        )
+
+
+def pre_fork(server, worker):
+    """In the master, before it forks a worker: after STARTS.limit failed starts in a row, stop
+    instead, naming the engine and the error ("Reason: ..."), so that the supervisor's backoff
+    takes over. Raised here, not in child_exit, since gunicorn reaps workers while it stops too."""
+    reason = STARTS.give_up()
+    if reason is not None:
+        raise HaltServer(reason, EXIT_STATUS)
+
+
 def on_exit(server):
-    """The master leaves: the probe server with it."""
+    """The master leaves: the probe server with it, and the folder its workers report starts in."""
+    STARTS.close()
     process = PROBE.get("process")
     if process is not None:
         process.terminate()
@@ -155,14 +183,15 @@ def post_worker_init(worker):
     signal.signal(signal.SIGTERM, on_sigterm)
 
     def leave(engine: str, error: str) -> None:
-        """Crash-only (batcher/engine.py): an engine that died leaves the process no good, so the
-        worker drains what the other engine holds and exits, the way SIGTERM does, and gunicorn's
-        master starts a fresh worker."""
+        """Crash-only (batcher/engine.py): an engine that died or failed to load leaves the process
+        no good, so the worker drains what the other engine holds and exits, the way SIGTERM
+        does, and gunicorn's master starts a fresh worker (or stops: deploy/starts.py)."""
         worker.log.error("the %s engine failed (%s): this worker leaves; the master starts a fresh one", engine, error)
         if beacon is not None:
             beacon.kick()
         os.kill(os.getpid(), signal.SIGTERM)
 
+    STARTS.watch(app.extensions["engines"])  # first: a failed load is reported before the worker leaves
     for engine in app.extensions["engines"].values():
         engine.when_dead(leave)
 

@@ -2,13 +2,13 @@
 and what is taken), a lifecycle, and the request threads' side of it (submit all or nothing,
 wait until ready, drain, stop).
 
-Crash-only: an engine thread that dies (an exception its loop did not expect) or that holds work
-and makes no progress for `settings.stall_s` (a step that never returns: the watchdog thread sees
-it) is failed for good. What it holds is answered 503 at once, new work is refused 503 naming
-the error, /health turns 503, and the callbacks given to `when_dead` run: under gunicorn the
-worker then leaves (gunicorn.conf.py), and its supervisor starts a fresh one. Nothing is
-restarted in process: a thread stuck in a step cannot be taken back, and a fresh process is the
-one state known to be good."""
+Crash-only: an engine whose load raised, or whose thread dies (an exception its loop did not
+expect) or holds work and makes no progress for `settings.stall_s` (a step that never returns:
+the watchdog thread sees it), is failed for good. What it holds is answered 503 at once, new work
+is refused 503 naming the error, /health turns 503, and the callbacks given to `when_dead` run:
+under gunicorn the worker then leaves (gunicorn.conf.py), and its supervisor starts a fresh one,
+which loads again. Nothing is restarted in process: a thread stuck in a step cannot be taken
+back, and a fresh process is the one state known to be good."""
 
 from __future__ import annotations
 
@@ -83,9 +83,14 @@ class EngineThread:
         return self
 
     def when_dead(self, callback: Callable[[str, str], None]) -> None:
-        """`callback(engine name, error)` runs once if the engine dies after it was ready (in the
-        thread that found it dead)."""
-        self._on_death.append(callback)
+        """`callback(engine name, error)` runs once when the engine fails: its load raised, or it
+        died after it was ready (in the thread that found it so); here, at once, if it already
+        has (a load can fail before the caller gets to ask)."""
+        with self.lifecycle.lock:  # the engine thread fails it under this lock, then reads the list
+            if self.lifecycle.phase != "failed":
+                self._on_death.append(callback)
+                return
+        callback(self.name, self.lifecycle.error)
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         self.lifecycle.settled.wait(timeout)
@@ -237,9 +242,11 @@ class EngineThread:
         self.lifecycle.begin_loading()
         try:
             self._load()
-        except Exception as exc:  # the service stays up and answers 503 with the reason
+        except Exception as exc:  # crash-only: a fresh process loads again (when_dead's callbacks)
             log.exception("%s engine failed to start", self.name)
-            self.lifecycle.advance("failed", f"{type(exc).__name__}: {exc}")
+            error = f"{type(exc).__name__}: {exc}"
+            if self.lifecycle.advance("failed", error):  # not once stopped: the process leaves anyway
+                self._dead(error)
             return
         self.load_seconds = time.perf_counter() - started
         if not self.lifecycle.advance("ready"):
@@ -290,6 +297,10 @@ class EngineThread:
             self.workload.release(seq)
             seq.fail(died)
         log.error("%s engine failed: %s; %d sequences answered 503", self.name, error, len(held))
+        self._dead(error)
+
+    def _dead(self, error: str) -> None:
+        """Failed for good (at its load or later): the death callbacks run, each once."""
         for callback in self._on_death:
             try:
                 callback(self.name, error)

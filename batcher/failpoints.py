@@ -4,6 +4,7 @@ failure, injects a fault without editing the code (the idea of FreeBSD's fail(9)
     FAILPOINTS="static.round=raise"          the static engine thread raises before its next round
     FAILPOINTS="vllm.step=hang"              the vLLM engine thread blocks before its next step
     FAILPOINTS="vllm.step=raise@3"           ... at the third time it gets there, once
+    FAILPOINTS="static.load=raise"           the static engine's load raises (in every fresh process)
 
 A point fires once, at its Nth hit (1 unless `@N`); `arm()` and `disarm()` do the same in process.
 `hang` blocks until `disarm()` (in process), or for good. With FAILPOINTS unset, `hit()` is one
@@ -11,7 +12,10 @@ dict lookup on an empty dict.
 
 The points: `static.round` (the static engine, before it runs a round) and `vllm.step` (the vLLM
 engine, before a step). Both sit outside the per-round and per-step guards, so a fault there is a
-fault of the engine thread itself: what batcher/engine.py's crash-only handling is for.
+fault of the engine thread itself: what batcher/engine.py's crash-only handling is for. And
+`static.load`, `vllm.load`: first in each engine's load, before any model is read, so a failed
+start costs a test little. Each process arms its own points from FAILPOINTS: under gunicorn every
+fresh worker fails its load again, as a fault that a fresh process does not cure would.
 """
 
 from __future__ import annotations

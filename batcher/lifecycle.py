@@ -1,7 +1,8 @@
 """Lifecycle: one engine's state from start to stop, every transition under one lock.
 
     disabled                                         (VLLM_ENABLED off; final)
-    loading -> [compiling ->] ready | failed         (the engine thread, as its start moves on)
+    loading -> [compiling ->] ready | failed         (the engine thread, as its start moves on;
+                                                      failed: the load raised, `failed_to_start`)
     ready -> failed                                  (die(): the engine thread died or stalled; final)
     any of those -> stopped                          (stop(); final: nothing moves it back)
     draining: from begin_drain() on, no new work; what is held goes on (any state but stopped)
@@ -57,6 +58,12 @@ class Lifecycle:
     @property
     def ready(self) -> bool:
         return self.phase == "ready" and not self.stopped
+
+    @property
+    def failed_to_start(self) -> bool:
+        """Failed at its start (the load raised), not after it was ready: a fresh process may
+        fail the same way, so gunicorn's master counts these (deploy/starts.py)."""
+        return self.phase == "failed" and not self.died
 
     # --- the engine thread ---------------------------------------------------------------
     def begin_loading(self) -> None:

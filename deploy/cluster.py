@@ -39,6 +39,8 @@ from pathlib import Path
 
 import jinja2
 
+from deploy.starts import EXIT_STATUS
+
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
 MAX_FAILS = 3
@@ -225,6 +227,7 @@ def render(s: Settings, down: int | None = None) -> Path:
         "client_timeout_s": s.client_timeout_s,
         # gunicorn's master kills a worker still draining at GRACEFUL_TIMEOUT; then it exits itself
         "stop_wait_s": s.graceful_timeout_s + 15,
+        "halted_status": EXIT_STATUS,  # a master that stopped because its workers cannot start
         "logs_to_terminal": s.logs_to_terminal,
     }
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE), undefined=jinja2.StrictUndefined)

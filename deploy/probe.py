@@ -6,7 +6,9 @@ and every stream's writer. On 2 cores with CPU hogs beside it, a flood made the 
 take 5.3 s (docs/performance.md#soak), and a liveness probe that waits that long restarts a busy,
 healthy pod. Here a probe reads one small file and answers; the worker's GIL is never waited for.
 What it cannot know, it says: no state yet is "starting", a state older than STALE_S is
-"unresponsive" (the worker stopped publishing: stuck, or gone), and /livez fails past LIVE_STALE_S.
+"unresponsive" (the worker stopped publishing: stuck, or gone), metrics older than STALE_S are a
+503 too (a frozen worker's last queue length must not steer an autoscaler), and /livez fails
+past LIVE_STALE_S, or while the worker's state names a failed engine (it leaves: crash-only).
 
 gunicorn's master starts it (gunicorn.conf.py: it binds the socket, so a port in use stops the
 start with gunicorn's own error) and stops it; it also leaves by itself when the master is gone.
@@ -29,8 +31,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 HEALTH, METRICS = "health.json", "metrics.txt"  # the files service/ops/beacon.py writes
-# The worker writes its state 4 times a second (service/ops/beacon.py). Older than this, /health says
-# "unresponsive" (503): a balancer stops sending work to a worker that cannot even write a file.
+# The worker writes its state 4 times a second and its metrics once (service/ops/beacon.py). Older
+# than this, /health says "unresponsive" (503): a balancer stops sending work to a worker that
+# cannot even write a file; and /metrics is a 503, not the last numbers it wrote.
 STALE_S = 10.0
 # Older than this, /livez fails: a worker silent for a minute is stuck (a fresh one publishes
 # within seconds of its fork: service/ops/beacon.py starts before the app loads).
@@ -61,17 +64,44 @@ def health(folder: Path, now: float) -> tuple[int, dict]:
 
 
 def livez(folder: Path, now: float) -> tuple[int, str]:
-    """200 unless the worker's last state is older than LIVE_STALE_S. No state at all is a start
-    (the orchestrator's startup probe judges that), not a stuck worker."""
+    """200 unless the worker's last state is older than LIVE_STALE_S or names a failed engine (its
+    load raised, or it died: the worker leaves, and a liveness probe that still finds it so
+    restarts the container). No state at all is a start (the orchestrator's startup probe judges
+    that), not a stuck worker; a drain or a load is no failure either."""
     try:
-        age = now - json.loads((folder / HEALTH).read_bytes())["at"]
+        published = json.loads((folder / HEALTH).read_bytes())
+        age = now - published["at"]
     except FileNotFoundError:
         return 200, "starting\n"
     except (OSError, ValueError, KeyError) as exc:
         return 503, f"unreadable state: {exc}\n"
     if age > LIVE_STALE_S:
         return 503, f"the worker has published nothing for {age:.0f} s\n"
+    for name, engine in published.get("body", {}).get("engines", {}).items():
+        if engine.get("status") == "failed":
+            return 503, f"the {name} engine failed ({engine.get('error')}): its worker leaves\n"
     return 200, "ok\n"
+
+
+def metrics(folder: Path, now: float) -> tuple[int, bytes]:
+    """The worker's last metrics while they are at most STALE_S old (what /health tolerates),
+    else 503. Their age is when the worker wrote them, as its state records it (`metrics_at`):
+    the state is written after them, so the file is at least that new; and a state without it (a
+    fresh worker still loading its app) does not vouch for the file a gone worker left."""
+    try:
+        written = json.loads((folder / HEALTH).read_bytes()).get("metrics_at")
+    except FileNotFoundError:
+        written = None
+    except (OSError, ValueError) as exc:
+        return 503, f"unreadable state: {exc}\n".encode()
+    if written is None:
+        return 503, b"no metrics published yet\n"
+    if now - written > STALE_S:
+        return 503, f"the worker has published no metrics for {now - written:.0f} s\n".encode()
+    try:
+        return 200, (folder / METRICS).read_bytes()
+    except FileNotFoundError:
+        return 503, b"no metrics published yet\n"
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -91,10 +121,8 @@ class Handler(BaseHTTPRequestHandler):
             code, text = livez(self.folder, now)
             self._send(code, "text/plain; charset=utf-8", text.encode())
         elif path == "/metrics":
-            try:
-                self._send(200, METRICS_TYPE, (self.folder / METRICS).read_bytes())
-            except FileNotFoundError:
-                self._send(503, "text/plain; charset=utf-8", b"no metrics published yet\n")
+            code, payload = metrics(self.folder, now)
+            self._send(code, METRICS_TYPE if code == 200 else "text/plain; charset=utf-8", payload)
         else:
             error = {"error": f"the probe port serves /health, /livez and /metrics, not {path}", "type": "not_found"}
             self._send(404, "application/json", json.dumps(error).encode())

@@ -60,6 +60,7 @@ class ModelWorker(EngineThread):
 
     # --- the model thread ----------------------------------------------------------------
     def _load(self) -> None:
+        failpoints.hit("static.load")
         # transformers sets torch's default dtype while it builds the model, as vLLM does: fenced
         with fence.static_round():
             self.runner = self._load_runner()

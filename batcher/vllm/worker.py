@@ -92,6 +92,7 @@ class VLLMWorker(EngineThread):
         # and Flask's context-local proxies raise outside a context; the caller passes one.
         # Built here, in the thread that steps it, since OpenMP binds threads per thread.
         # Static rounds go on meanwhile, except while vLLM patches torch process-wide (fence.py).
+        failpoints.hit("vllm.load")
         import torch._dynamo
 
         me = threading.current_thread()

@@ -66,14 +66,20 @@ class Beacon:
             self._thread.join(5)
 
     def publish(self) -> None:
-        """Write /health's reply, and the metrics if they are due."""
-        body, code = self._health()
-        now = self._clock()
-        state = {"at": now, "pid": os.getpid(), "code": code, "body": body}
-        write_whole(self.folder / HEALTH, json.dumps(state).encode())
-        if self._metrics is not None and now - self._metrics_at >= METRICS_EVERY_S:
-            write_whole(self.folder / METRICS, self._metrics())
-            self._metrics_at = now
+        """Write the metrics if they are due, then /health's reply with when the metrics were
+        written (`metrics_at`, null before the first): the probe server judges their age by it,
+        and finds the file at least that new. Metrics that fail to render or write leave their
+        time as it was, and the reply is written all the same."""
+        try:
+            now = self._clock()
+            if self._metrics is not None and now - self._metrics_at >= METRICS_EVERY_S:
+                write_whole(self.folder / METRICS, self._metrics())
+                self._metrics_at = now
+        finally:
+            body, code = self._health()
+            metrics_at = self._metrics_at if self._metrics_at > float("-inf") else None
+            state = {"at": self._clock(), "pid": os.getpid(), "code": code, "body": body, "metrics_at": metrics_at}
+            write_whole(self.folder / HEALTH, json.dumps(state).encode())
 
     def _run(self) -> None:
         failing = False

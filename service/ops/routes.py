@@ -18,16 +18,15 @@ def _predicted(engines: dict, prompts: int, max_tokens: int) -> dict:
 def health_reply(engines: dict, max_new_tokens: int) -> tuple[dict, int]:
     """/health's body and status code: 200 once the static engine (the one every deployment
     has) is ready; 503 before, and 503 "draining" from SIGTERM on, so that a balancer stops
-    sending work at once; 503 "failed" once any engine died after it was ready (its thread
+    sending work at once; 503 "failed" once any engine failed (its load raised, its thread
     raised, or it held work and made no progress for ENGINE_STALL_S), naming it and the error in
-    `failed`: the process leaves then, under gunicorn, and a fresh one starts. A vLLM engine that
-    failed to *start* is reported beside the static one and does not decide the code. The probe
+    `failed`: the process leaves then, under gunicorn, and a fresh one starts. The probe
     port answers the same body (service/ops/beacon.py publishes it, deploy/probe.py serves it)."""
     body = {name: eng.health() for name, eng in engines.items()}
     for name, load in _predicted(engines, 1, max_new_tokens).items():
         body[name]["predicted"] = load
     ready = body["static"]["status"] == "ready"
-    died = {name: eng.error for name, eng in engines.items() if eng.lifecycle.died}
+    died = {name: eng.error for name, eng in engines.items() if eng.status == "failed"}
     if died:
         status = "failed"
     elif any(eng.draining for eng in engines.values()):

@@ -1,12 +1,14 @@
 """Crash-only engines (issue 41, point 2): an engine thread that dies, or that holds work and makes
 no progress, is failed for good: what it holds is answered 503 at once, new work is refused 503
 naming the error, /health turns 503 "failed", a drain ends at once, and under gunicorn the worker
-leaves and a fresh one starts. Faults go in through the failpoints the engines offer
-(batcher/failpoints.py), never by editing the code."""
+leaves and a fresh one starts. An engine whose load raises is failed the same way, and how each
+start ended is reported for gunicorn's master to count (deploy/starts.py). Faults go in through
+the failpoints the engines offer (batcher/failpoints.py), never by editing the code."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 
 import pytest
@@ -15,8 +17,10 @@ from batcher import failpoints
 from batcher.errors import EngineDied, NotReady
 from batcher.sampling import SamplingParams
 from batcher.sequence import Sequence
+from deploy.starts import FailedStarts
 from service import begin_shutdown, create_app, shutdown
 from service.config import Config
+from tests.helpers import wait_until
 
 
 @pytest.fixture(autouse=True)
@@ -101,3 +105,59 @@ def test_the_app_answers_503_naming_the_dead_engine_and_health_says_failed():
         assert app.extensions["engines"]["static"].wait_drained(0)
     finally:
         shutdown(app, timeout=10)
+
+
+def test_an_engine_whose_load_raises_is_failed_and_runs_its_death_callbacks(runner_fp32):
+    """So that its worker leaves and a fresh one loads again, as after a death."""
+    from batcher.static.worker import ModelWorker
+
+    failpoints.arm("static.load", "raise")
+    worker = ModelWorker(runner_fp32.settings, load_runner=lambda: runner_fp32)
+    deaths: list[tuple[str, str]] = []
+    dead = threading.Event()
+    worker.when_dead(lambda name, error: (deaths.append((name, error)), dead.set()))
+    worker.start()
+    try:
+        assert not worker.wait_ready(60) and worker.status == "failed", worker.health()
+        assert dead.wait(30), "a failed load ran no death callback"
+        assert deaths == [("static", worker.error)] and "InjectedFault" in worker.error
+        assert worker.lifecycle.failed_to_start and not worker.lifecycle.died
+        late: list[str] = []
+        worker.when_dead(lambda name, error: late.append(name))  # asked after the failure: at once
+        assert late == ["static"]
+        with pytest.raises(NotReady, match="InjectedFault"):
+            worker.submit(sequences(1))
+    finally:
+        worker.stop()
+
+
+def test_an_app_whose_vllm_failed_to_load_says_failed_and_reports_the_failed_start(tmp_path):
+    """The static engine serves, but the process is leaving: /health is 503 "failed" naming vLLM,
+    and the start is reported as failed for the master's count (a ready start resets it)."""
+    starts = FailedStarts()
+    starts.folder = tmp_path  # what the master's `open` makes before it forks
+    config = Config.from_env(vllm_enabled=True, dtype="float32", static_compile="0")
+
+    failpoints.arm("vllm.load", "raise")  # before vLLM is even imported: the test stays cheap
+    app = create_app(config)
+    try:
+        engines = app.extensions["engines"]
+        starts.watch(engines)
+        assert engines["static"].wait_ready(120) and not engines["vllm"].wait_ready(120)
+        health = app.test_client().get("/health")
+        assert health.status_code == 503 and health.json["status"] == "failed", health.json
+        assert "InjectedFault" in health.json["failed"]["vllm"]
+    finally:
+        shutdown(app, timeout=10)
+    assert starts.worker_left(os.getpid())["engine"] == "vllm" and starts.in_a_row == 1
+
+    failpoints.disarm()
+    app = create_app(Config.from_env(vllm_enabled=False, dtype="float32", static_compile="0"))  # a start that succeeds
+    try:
+        starts.watch(app.extensions["engines"])
+        assert app.extensions["engines"]["static"].wait_ready(120)
+        report = tmp_path / str(os.getpid())
+        wait_until(report.exists, 30, "the ready start reported")
+    finally:
+        shutdown(app, timeout=10)
+    assert starts.worker_left(os.getpid()) is None and starts.in_a_row == 0 and starts.give_up() is None

@@ -91,6 +91,65 @@ def test_a_worker_that_stopped_publishing_is_unresponsive_then_not_live(probe):
     assert r.status_code == 503 and "published nothing" in r.text
 
 
+def test_stale_metrics_are_a_503_like_health_and_fresh_ones_a_200_again(probe):
+    """A frozen worker's last queue length must not steer an autoscaler or a router: /metrics
+    turns 503 with /health, at the same age, and comes back when the worker publishes again."""
+    url, folder = probe
+    published(folder, age_s=STALE_S + 5, metrics=b"vllm:num_requests_waiting 7\n")
+    assert requests.get(f"{url}/health", timeout=10).json()["status"] == "unresponsive"
+    r = requests.get(f"{url}/metrics", timeout=10)
+    assert r.status_code == 503 and "published no metrics" in r.text, r.text
+    assert b"num_requests_waiting" not in r.content
+    published(folder, age_s=STALE_S - 5, metrics=b"vllm:num_requests_waiting 7\n")  # old, not stale
+    assert requests.get(f"{url}/metrics", timeout=10).status_code == 200
+    published(folder, metrics=b"vllm:num_requests_waiting 0\n")  # the worker publishes again
+    r = requests.get(f"{url}/metrics", timeout=10)
+    assert r.status_code == 200 and r.content == b"vllm:num_requests_waiting 0\n"
+
+
+def test_metrics_are_judged_by_when_they_were_written_not_by_the_state(probe):
+    """A fresh worker that has not attached its app yet publishes "starting" beside the file a gone
+    worker left; and a beacon whose metrics fail to render keeps its state fresh: neither vouches
+    for the old numbers."""
+    url, folder = probe
+    published(folder, metrics=b"up 1\n")
+    assert requests.get(f"{url}/metrics", timeout=10).status_code == 200
+    Beacon(folder).publish()  # a fresh worker's beacon, "starting"
+    r = requests.get(f"{url}/metrics", timeout=10)
+    assert r.status_code == 503 and "no metrics published yet" in r.text, r.text
+
+    clock = [time.time() - STALE_S - 5]
+    beacon = Beacon(folder, clock=lambda: clock[0])
+    rendered = []
+
+    def metrics() -> bytes:  # renders once, then fails
+        if rendered:
+            raise RuntimeError("the registry is broken")
+        rendered.append(1)
+        return b"up 1\n"
+
+    beacon.attach(lambda: (OK_BODY, 200), metrics)
+    beacon.publish()
+    clock[0] = time.time()  # now, and the metrics are due again
+    with pytest.raises(RuntimeError):
+        beacon.publish()
+    assert requests.get(f"{url}/health", timeout=10).status_code == 200  # the state was written
+    r = requests.get(f"{url}/metrics", timeout=10)
+    assert r.status_code == 503 and "published no metrics" in r.text, r.text
+
+
+def test_a_worker_whose_engine_failed_is_not_live(probe):
+    """Its worker leaves (crash-only); one that still says so when the liveness probe comes is
+    stuck in its leaving, and the container restarts. A drain is no failure."""
+    url, folder = probe
+    published(folder, body={"status": "draining", "engines": {"static": {"status": "ready"}}}, code=503)
+    assert requests.get(f"{url}/livez", timeout=10).status_code == 200
+    failed = {"status": "failed", "error": "InjectedFault: failpoint static.load injected a fault"}
+    published(folder, body={"status": "failed", "engines": {"static": failed}}, code=503)
+    r = requests.get(f"{url}/livez", timeout=10)
+    assert r.status_code == 503 and "the static engine failed (InjectedFault" in r.text, r.text
+
+
 def test_the_beacon_publishes_starting_then_the_attached_reply_at_once_when_kicked(tmp_path):
     beacon = Beacon(tmp_path).start()
     try:
