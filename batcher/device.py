@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from batcher.profile import choose, store
+from batcher.profile import choose, prior, store
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,9 @@ class Picked:
     dtype: str  # bfloat16 | float16 | float32
     eager: bool  # False: compiled (STATIC_COMPILE=1, VLLM_ENFORCE_EAGER=0)
     reason: str  # the measured row, or why there is none; shown in /health and the start log
+    # (width, seconds a token) the profile measured for this dtype and decoding: the engine's cost
+    # model starts from it (batcher/profile/prior.py); () without one
+    step_s: tuple[tuple[int, float], ...] = ()
 
 
 def pick_device(device: str) -> str:
@@ -42,4 +45,5 @@ def pick(engine: str, dtype: str, eager: bool | None, device: str, model_path: s
         picked = (gpu_dtype if dtype == "auto" else dtype, False if eager is None else eager)
         return Picked(*picked, "GPU: bf16 where supported, else fp16; compiled (GPUs are not profiled)")
     profile = store.load(store.machine_key(model_path), profile_dir) if os.path.isdir(model_path) else None
-    return Picked(*choose.resolve(profile, engine, dtype, eager))
+    dtype, eager, reason = choose.resolve(profile, engine, dtype, eager)
+    return Picked(dtype, eager, reason, prior.step_seconds(profile, engine, dtype, eager))

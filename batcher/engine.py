@@ -12,6 +12,7 @@ back, and a fresh process is the one state known to be good."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -115,12 +116,15 @@ class EngineThread:
         self.metrics.prompts.labels(self.name).inc(len(seqs))
         return prediction
 
-    def predict(self, new: list[Work]) -> Prediction:
+    def predict(self, new: list[Work], *, alone: bool = False) -> Prediction:
         """When `new` would start, see its first token and end if it were enqueued now: the cost
-        model's prediction, with the bound that how its last ones came out puts on it."""
-        running = [work(seq) for seq in self.workload.taken()]
-        queued = [work(seq) for seq in self.workload.queued() if not seq.cancelled]
-        return self.calibration.apply(self.cost.predict(running, queued, new))
+        model's prediction, with the bound that how its last ones came out puts on it. Idle (or
+        `alone`: as if it were), each width at the faster of its clock and the machine profile's:
+        an idle engine may doubt what a slow spell taught its clocks, not this machine's speed."""
+        running = [] if alone else [work(seq) for seq in self.workload.taken()]
+        queued = [] if alone else [work(seq) for seq in self.workload.queued() if not seq.cancelled]
+        idle = not running and not queued
+        return self.calibration.apply(self.cost.predict(running, queued, new, fastest=idle))
 
     def begin_drain(self) -> None:
         """Refuse new work (ShuttingDown), let what is queued or taken finish. Non-blocking and
@@ -216,19 +220,26 @@ class EngineThread:
     def _admission(self, seqs: list[Sequence], max_ttft_s: float | None, max_total_s: float | None) -> Prediction:
         """Under the lifecycle's lock: the prediction for `seqs`, or what refuses them. Refused
         (WaitTooLong) if the predicted time to the first token (its 90th percentile) exceeds
-        `max_ttft_s`, or the predicted completion `max_total_s`, unless the engine is idle (an
-        idle engine admits whatever its clocks say: they may remember a slow spell, and only
-        admitted work corrects them); an unknown prediction admits up to `unmeasured_room`."""
+        `max_ttft_s`, or the predicted completion `max_total_s`, idle engine or not. An idle
+        engine prices at the faster of its clocks and the machine profile (`predict(alone=True)`):
+        its clocks may remember a slow spell that only admitted work would correct. What even
+        that cannot finish in `max_total_s` is NeverFits where a profile backs the price;
+        without one, a 429 until the clocks forget. An unknown prediction admits up to
+        `unmeasured_room`."""
         self._check_token_ids(seqs)
         if len(seqs) > self.workload.maxsize:  # no retry can make room for it: not a 429
             message = f"{len(seqs)} sequences (prompts x n); the {self.name} engine's queue holds"
             raise NeverFits(f"{message} at most {self.workload.maxsize}")
-        prediction = self.predict([work(seq) for seq in seqs])
-        if self.workload.inflight():
-            room = self.cost.unmeasured_room(self.workload.running(), self.workload.qsize())
-            _admit(self.name, prediction, max_ttft_s, max_total_s, room - len(seqs))
-        elif max_ttft_s is not None:  # the client's own deadline still holds
-            _admit(self.name, prediction, max_ttft_s, None, 0)
+        new, idle = [work(seq) for seq in seqs], not self.workload.inflight()
+        if idle or self.cost.has_prior:
+            alone = self.predict(new, alone=True)
+            _fits_alone(self.name, alone, max_total_s, self.cost.has_prior, self.cost.forgets_in())
+            if idle:
+                _admit(self.name, alone, max_ttft_s, None, 0)  # the client's own deadline still holds
+                return alone
+        prediction = self.predict(new)
+        room = self.cost.unmeasured_room(self.workload.running(), self.workload.qsize())
+        _admit(self.name, prediction, max_ttft_s, max_total_s, room - len(seqs))
         return prediction
 
     # --- the engine thread ---------------------------------------------------------------
@@ -337,6 +348,19 @@ class EngineThread:
 def work(seq: Sequence) -> Work:
     """What the cost model needs of a sequence."""
     return Work(seq.params.max_tokens, seq.solo, len(seq.token_ids), seq.started_at)
+
+
+def _fits_alone(engine: str, alone: Prediction, max_total_s: float | None, profiled: bool, forgets_in: float) -> None:
+    """Refuse what would miss `max_total_s` on the engine idle at its fastest (`alone`): with
+    the machine profile behind that price no retry can succeed (NeverFits: fewer prompts or
+    tokens can); with only clocks, which may remember a slow spell, a 429 until they forget it."""
+    if max_total_s is None or not alone.known or alone.total_s <= max_total_s:
+        return
+    message = f"predicted completion in {alone.total_s:.1f}s on the {engine} engine idle"
+    message += f" exceeds REQUEST_TIMEOUT_S ({max_total_s:g}s)"
+    if profiled:
+        raise NeverFits(f"{message} at the speed this machine's profile measured: ask fewer prompts or tokens")
+    raise WaitTooLong(message, prediction=dataclasses.replace(alone, retry_s=forgets_in))
 
 
 def _admit(

@@ -1,9 +1,10 @@
-"""Predicted wait: each engine's cost model, from live state only.
+"""Predicted wait: each engine's cost model, from live state over what the machine profile measured.
 
-The engine thread measures what it runs and feeds a `WidthClock` (a running median of seconds,
-per batch width); request threads read the clocks and the workload to predict,
-for a request of N prompts of M tokens, when its first prompt starts (queue), when its first
-token comes (TTFT) and when its last prompt ends (total):
+The engine thread measures what it runs and feeds a `WidthClock` (batcher/width_clock.py: a
+running median of seconds per batch width, over the profile's figures as a prior); request
+threads read the clocks and the workload to predict, for a request of N prompts of M tokens,
+when its first prompt starts (queue), when its first token comes (TTFT) and when its last prompt
+ends (total):
 
 - static: the rounds ahead of it (the rest of the running round, then what is queued and its own
   prompts, packed BATCH_SIZE at a time as `Workload.next_batch` packs them), each costing
@@ -15,7 +16,7 @@ token comes (TTFT) and when its last prompt ends (total):
   (adding the new requests, the step, handing out its tokens), which is what a newcomer waits for.
 
 Rows that stop early (EOS, a stop string) make both a little pessimistic. Until a clock has a
-measurement, the prediction is unknown (None), never a made-up constant.
+measurement or a prior, the prediction is unknown (None), never a made-up constant.
 
 How far to trust them is `batcher/calibration.py`'s. One writer per clock (its engine's
 thread): each write replaces the mapping, so a reader takes one immutable snapshot and never
@@ -26,22 +27,22 @@ from __future__ import annotations
 
 import heapq
 import math
-import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from types import MappingProxyType
 
-WINDOW = 5  # measurements kept per width
-# seconds a measurement counts for: long enough to span a few of the longest rounds (512 tokens at
-# ~0.1 s a step) and the gaps of a bursty load, short enough that a slow spell (a CPU hog, the
-# other engine's compile) is forgotten two minutes after its end even if nothing is admitted
-# meanwhile (an idle engine admits at once anyway: batcher/engine.py)
-MAX_AGE_S = 120.0
+from batcher.width_clock import MAX_AGE_S, WINDOW, WidthClock
+
+__all__ = ["MAX_AGE_S", "UNMEASURED_ROUNDS", "WINDOW", "Prediction", "StaticCost", "VLLMCost", "WidthClock", "Work"]
+
 # static rounds an engine with nothing fresh measured holds (running, then queued): a burst of a few
 # requests after a quiet spell (the e2e suite sends 11 sequences at once) fits, a flood does not
 UNMEASURED_ROUNDS = 4
+
+# (batch width, seconds a token) as the machine profile measured the engine's form: the clocks'
+# prior (batcher/profile/prior.py); () without a profile
+Prior = Iterable[tuple[int, float]]
 
 
 @dataclass(frozen=True)
@@ -58,13 +59,15 @@ class Work:
 class Prediction:
     """Seconds from now; None: unknown (nothing measured yet). `ahead`: sequences queued or
     running before it. `ttft_p90_s`: the first token by then in about nine cases of ten (the
-    calibration's 90th percentile; what admission holds against a deadline)."""
+    calibration's 90th percentile; what admission holds against a deadline). `retry_s`: when a
+    retry could be admitted, where that is not when the work ahead is done (`queue_s`)."""
 
     queue_s: float | None
     ttft_s: float | None
     total_s: float | None
     ahead: int
     ttft_p90_s: float | None = None
+    retry_s: float | None = None
 
     @property
     def known(self) -> bool:
@@ -72,8 +75,9 @@ class Prediction:
 
     @property
     def retry_after_s(self) -> int:
-        """When the work ahead of it should be done: its predicted queue time, rounded up."""
-        return max(1, math.ceil(self.queue_s or 0.0))
+        """When a retry could be admitted, rounded up: by default when the work ahead of it should
+        be done (its predicted queue time)."""
+        return max(1, math.ceil((self.queue_s or 0.0) if self.retry_s is None else self.retry_s))
 
     def shown(self) -> dict:
         """Milliseconds, as /load, /health and error bodies show it (null: unknown)."""
@@ -90,62 +94,12 @@ class Prediction:
         }
 
 
-class WidthClock:
-    """Seconds by batch width: the low median of the last WINDOW measurements at each width, of
-    those younger than MAX_AGE_S.
-    A median, not a running mean, because a process's first rounds at a new shape can be many
-    times slower than the rest (allocator and kernel set-up, a starved CPU): one such outlier is
-    outvoted by the next normal round (the low median of two is the smaller), and the estimate
-    still follows a change of load within WINDOW // 2 + 1 rounds.
-    Samples age: only admitted work measures, so a clock that a busy spell taught slow steps would
-    otherwise refuse the work that could correct it, for good (a 429 on an idle engine). A width
-    whose samples have all aged out is unmeasured again.
-    A width never measured (or aged out) gets an upper bound, never a narrower width's price,
-    which under a flood priced width 64 at width 1's and admitted work that then timed out (504):
-    the nearest wider width measured (a step never gets cheaper with more rows), else the nearest
-    narrower one scaled by the ratio of widths (a row never costs more in a wider step: weights
-    are read once per step whatever its width; measured here, fp32 linears took 44 ms at 1 row
-    and 175 at 64, fp16 17 and 845). Pessimistic until the width runs, and then measured. With no
-    fresh sample at any width it is unknown (None). `now`: the clock (a seam for tests)."""
-
-    def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
-        self._now = now
-        # width -> ((when, seconds), ...), oldest first
-        self._by_width: MappingProxyType[int, tuple[tuple[float, float], ...]] = MappingProxyType({})
-
-    def observe(self, width: int, seconds: float) -> None:
-        """The engine thread only."""
-        by_width = dict(self._by_width)
-        by_width[width] = (*by_width.get(width, ())[-(WINDOW - 1) :], (self._now(), seconds))
-        self._by_width = MappingProxyType(by_width)
-
-    def _fresh(self) -> dict[int, list[float]]:
-        """The samples younger than MAX_AGE_S, by width (widths with none left out)."""
-        oldest = self._now() - MAX_AGE_S
-        fresh = {w: [s for when, s in samples if when >= oldest] for w, samples in self._by_width.items()}
-        return {w: samples for w, samples in fresh.items() if samples}
-
-    def at(self, width: int) -> float | None:
-        """The estimate at `width`, else its bound from the nearest width measured, else None."""
-        fresh = self._fresh()
-        if not fresh:
-            return None
-        wider = [w for w in fresh if w >= width]
-        if wider:
-            return statistics.median_low(fresh[min(wider)])
-        narrower = max(fresh)
-        return statistics.median_low(fresh[narrower]) * width / narrower
-
-    def shown(self) -> dict[str, float]:
-        return {str(w): round(statistics.median_low(s) * 1000, 2) for w, s in sorted(self._fresh().items())}
-
-
 class StaticCost:
     """A round of width w, m steps: prefill(w) + (m - 1) * step(w)."""
 
-    def __init__(self, batch_size: int, wait_s: float, now: Callable[[], float] = time.monotonic):
+    def __init__(self, batch_size: int, wait_s: float, now: Callable[[], float] = time.monotonic, prior: Prior = ()):
         self.batch_size, self.wait_s = batch_size, wait_s
-        self.prefill, self.step = WidthClock(now), WidthClock(now)
+        self.prefill, self.step = WidthClock(now, prior), WidthClock(now, prior)
 
     def observe(self, width: int, prefill_s: float, steps: int, seconds: float) -> None:
         """A round ran: `prefill_s` until its first token, `steps` tokens in its longest row,
@@ -155,7 +109,16 @@ class StaticCost:
             self.step.observe(width, max(0.0, seconds - prefill_s) / (steps - 1))
 
     def shown(self) -> dict:
-        return {"prefill_ms": self.prefill.shown(), "step_ms": self.step.shown()}
+        return _shown(self.prefill, self.step)
+
+    @property
+    def has_prior(self) -> bool:
+        return self.step.has_prior
+
+    def forgets_in(self) -> float:
+        """Seconds until one of its clocks is back to its prior (or unknown): what a slow spell
+        taught it no longer counts."""
+        return _forgets_in(self.prefill, self.step)
 
     def unmeasured_room(self, running: int, queued: int) -> int:
         """Sequences more it takes while its prediction is unknown (nothing fresh measured): the
@@ -164,8 +127,8 @@ class StaticCost:
         them measures the clocks."""
         return UNMEASURED_ROUNDS * self.batch_size - running - queued
 
-    def _round_s(self, width: int, steps: int) -> float | None:
-        prefill, step = self.prefill.at(width), self.step.at(width)
+    def _round_s(self, width: int, steps: int, fastest: bool = False) -> float | None:
+        prefill, step = self.prefill.at(width, fastest=fastest), self.step.at(width, fastest=fastest)
         if prefill is None or (step is None and steps > 1):
             return None
         return prefill + (steps - 1) * (step or 0.0)
@@ -195,7 +158,8 @@ class StaticCost:
                 last.append(i)
         return rounds
 
-    def predict(self, running: Seq[Work], queued: Seq[Work], new: Seq[Work]) -> Prediction:
+    def predict(self, running: Seq[Work], queued: Seq[Work], new: Seq[Work], fastest: bool = False) -> Prediction:
+        """`fastest`: each width at the faster of its clock and its prior (WidthClock.at)."""
         ahead = len(running) + len(queued)
         t = self._running_s(running, time.monotonic())
         if t is None or not new:
@@ -205,7 +169,7 @@ class StaticCost:
         for indices in self._rounds(work):
             width, steps = len(indices), max(work[i].max_tokens for i in indices)
             begins = t + (0.0 if width >= self.batch_size or work[indices[0]].solo else self.wait_s)
-            cost, prefill = self._round_s(width, steps), self.prefill.at(width)
+            cost, prefill = self._round_s(width, steps, fastest), self.prefill.at(width, fastest=fastest)
             if cost is None or prefill is None:
                 return Prediction(None, None, None, ahead)
             t = begins + cost
@@ -217,26 +181,36 @@ class StaticCost:
 class VLLMCost:
     """Steps of the engine at width w: step(w) to decode, prefill(w) for a step that admits."""
 
-    def __init__(self, max_num_seqs: int, now: Callable[[], float] = time.monotonic):
+    def __init__(self, max_num_seqs: int, now: Callable[[], float] = time.monotonic, prior: Prior = ()):
         self.max_num_seqs = max_num_seqs
-        self.prefill, self.step = WidthClock(now), WidthClock(now)
+        self.prefill, self.step = WidthClock(now, prior), WidthClock(now, prior)
 
     def observe(self, width: int, seconds: float, *, admitted: bool) -> None:
         """One engine step of `width` sequences; `admitted`: new ones joined at it."""
         (self.prefill if admitted else self.step).observe(width, seconds)
 
     def shown(self) -> dict:
-        return {"prefill_ms": self.prefill.shown(), "step_ms": self.step.shown()}
+        return _shown(self.prefill, self.step)
+
+    @property
+    def has_prior(self) -> bool:
+        return self.step.has_prior
+
+    def forgets_in(self) -> float:
+        """Seconds until one of its clocks is back to its prior (or unknown): what a slow spell
+        taught it no longer counts."""
+        return _forgets_in(self.prefill, self.step)
 
     def unmeasured_room(self, running: int, queued: int) -> int:
         """Sequences more it takes while its prediction is unknown: what joins at the next step,
         with no queue (the steps that run them measure the width)."""
         return self.max_num_seqs - running - queued
 
-    def predict(self, running: Seq[Work], queued: Seq[Work], new: Seq[Work]) -> Prediction:
+    def predict(self, running: Seq[Work], queued: Seq[Work], new: Seq[Work], fastest: bool = False) -> Prediction:
+        """`fastest`: each width at the faster of its clock and its prior (WidthClock.at)."""
         ahead = len(running) + len(queued)
         width = min(self.max_num_seqs, ahead + len(new))
-        step, prefill = self.step.at(width), self.prefill.at(width)
+        step, prefill = self.step.at(width, fastest=fastest), self.prefill.at(width, fastest=fastest)
         if not new or prefill is None or (step is None and (running or max(w.max_tokens for w in new) > 1)):
             return Prediction(None, None, None, ahead)
         step = step or 0.0
@@ -256,3 +230,13 @@ class VLLMCost:
         queue_s = behind + min(begins for begins, _ in mine) * step
         total = behind + max(begins * step + prefill + (w.max_tokens - 1) * step for begins, w in mine)
         return Prediction(queue_s, queue_s + prefill, total, ahead)
+
+
+def _shown(prefill: WidthClock, step: WidthClock) -> dict:
+    """The clocks in ms by width, and the profile's prior they start from (the same for both)."""
+    return {"prefill_ms": prefill.shown(), "step_ms": step.shown(), "profile_ms": step.prior_shown()}
+
+
+def _forgets_in(*clocks: WidthClock) -> float:
+    """Seconds until the first of `clocks` that measured anything forgets it all (0: none did)."""
+    return min((s for s in (clock.forgets_in() for clock in clocks) if s is not None), default=0.0)

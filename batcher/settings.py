@@ -25,6 +25,9 @@ class StaticSettings:
     max_new_tokens: int  # the largest max_tokens a request may ask for (MAX_NEW_TOKENS_LIMIT)
     torch_threads: int  # 0: every core the process may use
     stall_s: float  # ENGINE_STALL_S: holding work with no progress this long fails the engine
+    # (width, seconds a token) the machine profile measured for this dtype and decoding: the cost
+    # model's prior (batcher/width_clock.py); () without a profile
+    profile_step_s: tuple[tuple[int, float], ...] = ()
 
     def shown(self) -> dict:
         """What /health shows: the resolved choices, not the paths or sizes."""
@@ -47,6 +50,7 @@ class VLLMSettings:
     max_inbox: int
     tensor_parallel_size: int
     stall_s: float  # ENGINE_STALL_S
+    profile_step_s: tuple[tuple[int, float], ...] = ()  # as StaticSettings'
 
     def shown(self) -> dict:
         shown = ("device", "dtype", "enforce_eager", "reason")

@@ -190,6 +190,7 @@ class Config:
             max_new_tokens=self.max_new_tokens_limit,
             torch_threads=self.torch_threads,
             stall_s=self.engine_stall_s,
+            profile_step_s=picked.step_s,
         )
 
     def vllm_engine(self, model_path: str) -> VLLMSettings:
@@ -206,6 +207,7 @@ class Config:
             reason=picked.reason,
             max_input_tokens=self.max_input_tokens,
             stall_s=self.engine_stall_s,
+            profile_step_s=picked.step_s,
             # the rest as VLLM_<NAME> sets them
             **{name: getattr(self, f"vllm_{name}") for name in VLLM_AS_SET},
         )

@@ -41,7 +41,7 @@ class ModelWorker(EngineThread):
         self._load_runner = load_runner or functools.partial(Runner, settings)
         self.batch_size = settings.batch_size
         self.batch_wait_s = settings.batch_wait_ms / 1000
-        self.cost = StaticCost(self.batch_size, self.batch_wait_s)
+        self.cost = StaticCost(self.batch_size, self.batch_wait_s, prior=settings.profile_step_s)
         self.torch_threads = settings.torch_threads
         self.metrics.queue_depth.set_function(self.workload.qsize)
         self.metrics.inflight.set_function(self.inflight)

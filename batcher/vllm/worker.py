@@ -56,7 +56,7 @@ class VLLMWorker(EngineThread):
         self.metrics.vllm_running.set_function(self.running)
         self.engine = None
         self.steps = 0
-        self.cost = VLLMCost(settings.max_num_seqs)
+        self.cost = VLLMCost(settings.max_num_seqs, prior=settings.profile_step_s)
         self._admitted = False  # sequences joined since the last step: the next one prefills them
 
     def unfinished(self) -> int:

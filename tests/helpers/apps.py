@@ -20,8 +20,9 @@ def own_app(**settings) -> Iterator[Flask]:
     """An app of the test's own, from Config's defaults and `settings` (Config's field names),
     eager, its engines ready (vLLM too, unless vllm_enabled=False), shut down after: for a test
     that needs other settings (a short REQUEST_TIMEOUT_S, a tiny queue) or changes the app's
-    state, so that no other test's app changes. A fresh engine has measured nothing, so it admits
-    what arrives while it is idle whatever the request's size (batcher/engine.py `_admission`)."""
+    state, so that no other test's app changes. A fresh engine prices from this machine's profile
+    (PROFILE_DIR; `profile_dir` an empty folder: none, so it prices nothing and admits what
+    arrives while it is idle whatever the request's size: batcher/engine.py `_admission`)."""
     app = create_app(Config(**{"static_compile": "0", "vllm_enforce_eager": "1", **settings}))
     engines = app.extensions["engines"]
     try:

@@ -130,9 +130,10 @@ def test_single_prompt_endpoints_validate_too(client, path, body):
 
 
 @pytest.fixture
-def short_timeout_app():
-    """An app of its own with a REQUEST_TIMEOUT_S of 0.5 s, static engine alone."""
-    with static_app(request_timeout_s=0.5) as app:
+def short_timeout_app(tmp_path):
+    """An app of its own with a REQUEST_TIMEOUT_S of 0.5 s, static engine alone, and no machine
+    profile: fresh, it prices nothing, so it admits what reaches it idle."""
+    with static_app(request_timeout_s=0.5, profile_dir=str(tmp_path)) as app:
         yield app
 
 

@@ -46,8 +46,8 @@ def test_a_failed_round_is_a_500_and_a_hopeless_deadline_a_429_as_the_sdks_excep
     assert "caught fire" in failed.value.body["message"]
 
     in_process.completions.create(model=MODEL, prompt=PARIS, max_tokens=2)  # measured: it predicts
-    # no first token comes within 0 ms: refused at once, as predicted (an idle engine admits past
-    # REQUEST_TIMEOUT_S whatever it predicts, but a client's own deadline still holds)
+    # no first token comes within 0 ms: refused at once, as predicted (an idle engine, too, holds
+    # a client's own deadline)
     with pytest.raises(openai.RateLimitError) as late:
         in_process.completions.create(model=MODEL, prompt=PARIS, max_tokens=50, extra_headers={"X-Max-Queue-Ms": "0"})
     assert late.value.status_code == 429 and late.value.body["code"] == "wait_too_long"
@@ -56,10 +56,10 @@ def test_a_failed_round_is_a_500_and_a_hopeless_deadline_a_429_as_the_sdks_excep
 
 
 @BASES
-def test_a_deadline_passed_after_admission_is_a_504_as_the_sdks_exception(base):
-    # an app of its own (vLLM only for /v1) whose REQUEST_TIMEOUT_S is a microsecond: admitted (its
-    # engine is idle), and no round ends within it
-    with own_app(vllm_enabled=base == "/v1", request_timeout_s=0.000001) as app:
+def test_a_deadline_passed_after_admission_is_a_504_as_the_sdks_exception(base, tmp_path):
+    # an app of its own (vLLM only for /v1) whose REQUEST_TIMEOUT_S is a microsecond and no machine
+    # profile: admitted (its fresh engine prices nothing and is idle), and no round ends within it
+    with own_app(vllm_enabled=base == "/v1", request_timeout_s=0.000001, profile_dir=str(tmp_path)) as app:
         with pytest.raises(openai.InternalServerError) as late:
             sdk_in_process(app, base).completions.create(model=MODEL, prompt=PARIS, max_tokens=50)
     assert late.value.status_code == 504 and late.value.body["code"] == "deadline_exceeded"

@@ -56,9 +56,10 @@ def test_two_concurrent_streams_keep_their_own_texts_and_ids(vllm_app, path):
 
 
 @pytest.fixture
-def short_timeout_app():
-    """An app of its own with a REQUEST_TIMEOUT_S of 0.5 s, static engine alone."""
-    with static_app(request_timeout_s=0.5) as app:
+def short_timeout_app(tmp_path):
+    """An app of its own with a REQUEST_TIMEOUT_S of 0.5 s, static engine alone, and no machine
+    profile: fresh, it prices nothing, so it admits what reaches it idle."""
+    with static_app(request_timeout_s=0.5, profile_dir=str(tmp_path)) as app:
         yield app
 
 

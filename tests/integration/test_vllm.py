@@ -68,9 +68,10 @@ def test_sixteen_concurrent_requests_each_get_their_own_text(vllm_app):
 
 
 @pytest.fixture
-def short_timeout_app():
-    """An app of its own, both engines, with a REQUEST_TIMEOUT_S of 2 s (about 15 s to start here)."""
-    with own_app(request_timeout_s=2.0) as app:
+def short_timeout_app(tmp_path):
+    """An app of its own, both engines, with a REQUEST_TIMEOUT_S of 2 s (about 15 s to start here),
+    and no machine profile: fresh, it prices nothing, so it admits what reaches it idle."""
+    with own_app(request_timeout_s=2.0, profile_dir=str(tmp_path)) as app:
         yield app
 
 

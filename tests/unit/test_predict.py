@@ -64,6 +64,32 @@ def test_vllm_never_prices_a_wider_engine_at_width_ones_price():
     assert cost.unmeasured_room(10, 0) == 54  # what it would take with nothing fresh: no queue
 
 
+PROFILE = ((1, 0.03), (4, 0.04))  # (width, seconds a token), as batcher/profile/prior.py reads a profile
+
+
+def test_a_prior_prices_a_fresh_clock_and_fresh_samples_replace_it_width_by_width():
+    now = FakeTime()
+    clock = WidthClock(now, prior=PROFILE)
+    assert (clock.at(1), clock.at(3), clock.at(4), clock.at(8)) == (0.03, 0.04, 0.04, 0.08)  # known at once
+    clock.observe(4, 0.2)  # a slow spell at width 4: the live sample, not the prior, prices it
+    assert (clock.at(4), clock.at(1)) == (0.2, 0.03) and clock.shown() == {"4": 200.0}
+    assert clock.at(4, fastest=True) == 0.04  # an idle engine doubts the spell, not the machine
+    assert clock.forgets_in() == MAX_AGE_S
+    now.now += MAX_AGE_S + 1  # the spell ages out: back to the prior, never unknown
+    assert clock.at(4) == 0.04 and clock.forgets_in() == 0.0
+    assert WidthClock(now).at(4, fastest=True) is None  # without a prior, still unknown
+
+
+def test_a_fresh_static_engine_with_a_profile_predicts_its_first_rounds():
+    cost = StaticCost(batch_size=4, wait_s=0.0, prior=PROFILE)
+    first = cost.predict([], [], [Work(6)] * 4)
+    assert (first.queue_s, first.ttft_s, first.total_s) == pytest.approx((0.0, 0.04, 0.24))
+    behind = cost.predict([], [Work(6)] * 60, [Work(6)] * 4)  # the 16th round of a burst
+    assert behind.total_s == pytest.approx(16 * 0.24) and cost.has_prior
+    assert cost.shown()["profile_ms"] == {"1": 30.0, "4": 40.0}
+    assert not StaticCost(batch_size=4, wait_s=0.0).has_prior
+
+
 def test_static_is_unknown_cold_then_counts_the_rounds_ahead():
     cost = StaticCost(batch_size=4, wait_s=0.0)
     assert not cost.predict([], [], [Work(10)]).known

@@ -1,10 +1,11 @@
 """Admission that cannot lock itself shut, and no retry that cannot succeed (issue 41, points 1
-and 6): the engines' shared request side (batcher/engine.py) with its real cost models, fed by
-hand. No model: the engine thread is not started, so what is admitted stays queued, which is
-what these tests count."""
+and 6), nor an idle engine that admits what cannot finish (issue 50, point 8): the engines'
+shared request side (batcher/engine.py) with its real cost models, fed by hand. No model: the
+engine thread is not started, so what is admitted stays queued, which is what these tests count."""
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -61,23 +62,57 @@ def slow_spell(cost: VLLMCost, seconds: float = 0.3) -> None:
             cost.observe(width, seconds, admitted=False)
 
 
-def test_an_idle_engine_admits_an_ordinary_request_after_a_slow_spell():
-    # issue 41: after five slow steps an idle vLLM engine refused a 400-token request for good
-    engine = Engine(VLLMCost(max_num_seqs=64))
+PROFILE = ((1, 0.02), (4, 0.025), (64, 0.05))  # (width, seconds a token): the machine profile's prior
+
+
+def test_an_idle_engine_prices_a_slow_spell_at_the_profiles_speed_and_admits_an_ordinary_request():
+    # issue 41: after five slow steps an idle vLLM engine refused a 400-token request for good;
+    # then it admitted whatever its clocks said (issue 50). Now it prices at the faster of its
+    # clocks and what this machine's profile measured.
+    engine = Engine(VLLMCost(max_num_seqs=64, prior=PROFILE))
     slow_spell(engine.cost)
-    [seq] = seqs(1, 500)
-    prediction = engine.submit([seq], max_total_s=120)
-    assert prediction.total_s > 120  # the clocks still remember the slow spell...
-    assert engine.inflight() == 1  # ...and the idle engine admitted it all the same
-    with pytest.raises(WaitTooLong):  # behind it, the same request is still refused: not idle
+    assert engine.cost.predict([], [], [work(seq) for seq in seqs(1, 500)]).total_s > 120  # the spell...
+    prediction = engine.submit(seqs(1, 500), max_total_s=120)
+    assert prediction.total_s == pytest.approx(500 * 0.02) and engine.inflight() == 1  # ...doubted, idle
+    with pytest.raises(WaitTooLong):  # behind it, the same request is refused: busy, the clocks count
         engine.submit(seqs(1, 500), max_total_s=120)
+
+
+@pytest.mark.parametrize("engine_kind", ["static", "vllm"])
+def test_an_idle_engine_refuses_what_even_the_profiles_speed_cannot_finish_as_a_400(engine_kind):
+    # issue 50: after one round of 4 prompts x 10 tokens an idle static engine predicted 22.7 s for
+    # 64 prompts x 40 tokens, admitted them under REQUEST_TIMEOUT_S 8 and answered 504 after 8 s
+    cost = StaticCost(batch_size=4, wait_s=0.0, prior=PROFILE) if engine_kind == "static" else None
+    engine = Engine(cost or VLLMCost(max_num_seqs=64, prior=PROFILE), name=engine_kind)
+    with pytest.raises(NeverFits) as never:  # 16 rounds of 40 steps at 25 ms; vLLM 40 steps at 50 ms
+        engine.submit(seqs(64, 40), max_total_s=1.5)
+    assert "REQUEST_TIMEOUT_S (1.5s)" in str(never.value) and "idle" in str(never.value)
+    assert describe(never.value) == (400, "request_too_large") and engine.inflight() == 0
+    engine.submit(seqs(4, 10), max_total_s=1.5)  # what fits is admitted
+    with pytest.raises(NeverFits):  # busy or not: no retry can succeed
+        engine.submit(seqs(64, 40), max_total_s=1.5)
+
+
+def test_without_a_profile_an_idle_engine_refuses_past_the_timeout_until_its_clocks_forget():
+    now = FakeTime()
+    engine = Engine(StaticCost(batch_size=4, wait_s=0.0, now=now), name="static")
+    engine.cost.observe(4, prefill_s=0.05, steps=10, seconds=0.5)  # one round of 4 x 10 tokens
+    now.now += 20  # measured a while ago
+    with pytest.raises(WaitTooLong) as late:  # 16 rounds of 0.05 + 39 x 0.05 s
+        engine.submit(seqs(64, 40), max_total_s=8)
+    assert "REQUEST_TIMEOUT_S (8s)" in str(late.value) and late.value.prediction.total_s == pytest.approx(32.0)
+    # the clocks alone may remember a slow spell: a retry can succeed once they forget it
+    assert late.value.prediction.retry_after_s == math.ceil(MAX_AGE_S - 20) and engine.inflight() == 0
+    now.now += MAX_AGE_S
+    engine.submit(seqs(64, 40), max_total_s=8)  # unknown again: the idle engine admits, as before
+    assert engine.inflight() == 64
 
 
 def test_a_slow_spell_is_forgotten_once_its_samples_age_out_under_load():
     now = FakeTime()
     engine = Engine(VLLMCost(max_num_seqs=64, now=now))
     slow_spell(engine.cost)
-    engine.submit(seqs(1, 500), max_total_s=120)  # idle: admitted
+    engine.submit(seqs(1, 300), max_total_s=120)  # idle: admitted (300 steps of 0.3 s)
     with pytest.raises(WaitTooLong):
         engine.submit(seqs(1, 500), max_total_s=120)
     now.now += MAX_AGE_S + 1  # nothing measured since: the clocks know nothing now
@@ -118,6 +153,26 @@ def test_the_static_engine_takes_a_few_rounds_while_unmeasured_and_refuses_the_r
         except WaitTooLong:
             refused += 1
     assert (engine.inflight(), refused) == (UNMEASURED_ROUNDS * 4, 30 - UNMEASURED_ROUNDS * 4)
+
+
+def burst(engine: Engine) -> list[WaitTooLong]:
+    """16 requests of 1-4 prompts x 6 tokens at the default REQUEST_TIMEOUT_S: the refusals."""
+    refusals = []
+    for i in range(16):
+        try:
+            engine.submit(seqs(i % 4 + 1, 6), max_total_s=120)
+        except WaitTooLong as exc:
+            refusals.append(exc)
+    return refusals
+
+
+def test_a_fresh_engine_starts_from_the_profile_and_admits_an_ordinary_burst():
+    # issue 50: across a rolling restart 241 of 400 such requests were 429 "has not measured steps
+    # at this load yet": a fresh worker knew nothing and took 4 rounds
+    profiled = Engine(StaticCost(batch_size=4, wait_s=0.0, prior=PROFILE), name="static")
+    assert burst(profiled) == [] and profiled.inflight() == 40
+    unprofiled = Engine(StaticCost(batch_size=4, wait_s=0.0), name="static")  # no profile: as before
+    assert len(burst(unprofiled)) == 9 and unprofiled.inflight() == UNMEASURED_ROUNDS * 4
 
 
 def test_without_limits_an_unknown_prediction_admits_as_before():
