@@ -94,7 +94,28 @@ class Prediction:
         }
 
 
-class StaticCost:
+class _Clocks:
+    """What both cost models share: a prefill clock and a step clock, from one prior."""
+
+    prefill: WidthClock
+    step: WidthClock
+
+    def shown(self) -> dict:
+        """The clocks in ms by width, and the profile's prior they start from (the same for both)."""
+        return {"prefill_ms": self.prefill.shown(), "step_ms": self.step.shown(), "profile_ms": self.step.prior_shown()}
+
+    @property
+    def has_prior(self) -> bool:
+        return self.step.has_prior
+
+    def forgets_in(self) -> float:
+        """Seconds until one of its clocks is back to its prior (or unknown): what a slow spell
+        taught it no longer counts (0: neither measured anything)."""
+        spans = (clock.forgets_in() for clock in (self.prefill, self.step))
+        return min((s for s in spans if s is not None), default=0.0)
+
+
+class StaticCost(_Clocks):
     """A round of width w, m steps: prefill(w) + (m - 1) * step(w)."""
 
     def __init__(self, batch_size: int, wait_s: float, now: Callable[[], float] = time.monotonic, prior: Prior = ()):
@@ -107,18 +128,6 @@ class StaticCost:
         self.prefill.observe(width, prefill_s)
         if steps > 1:
             self.step.observe(width, max(0.0, seconds - prefill_s) / (steps - 1))
-
-    def shown(self) -> dict:
-        return _shown(self.prefill, self.step)
-
-    @property
-    def has_prior(self) -> bool:
-        return self.step.has_prior
-
-    def forgets_in(self) -> float:
-        """Seconds until one of its clocks is back to its prior (or unknown): what a slow spell
-        taught it no longer counts."""
-        return _forgets_in(self.prefill, self.step)
 
     def unmeasured_room(self, running: int, queued: int) -> int:
         """Sequences more it takes while its prediction is unknown (nothing fresh measured): the
@@ -178,7 +187,7 @@ class StaticCost:
         return Prediction(queue_s, ttft, t, ahead)
 
 
-class VLLMCost:
+class VLLMCost(_Clocks):
     """Steps of the engine at width w: step(w) to decode, prefill(w) for a step that admits."""
 
     def __init__(self, max_num_seqs: int, now: Callable[[], float] = time.monotonic, prior: Prior = ()):
@@ -188,18 +197,6 @@ class VLLMCost:
     def observe(self, width: int, seconds: float, *, admitted: bool) -> None:
         """One engine step of `width` sequences; `admitted`: new ones joined at it."""
         (self.prefill if admitted else self.step).observe(width, seconds)
-
-    def shown(self) -> dict:
-        return _shown(self.prefill, self.step)
-
-    @property
-    def has_prior(self) -> bool:
-        return self.step.has_prior
-
-    def forgets_in(self) -> float:
-        """Seconds until one of its clocks is back to its prior (or unknown): what a slow spell
-        taught it no longer counts."""
-        return _forgets_in(self.prefill, self.step)
 
     def unmeasured_room(self, running: int, queued: int) -> int:
         """Sequences more it takes while its prediction is unknown: what joins at the next step,
@@ -230,13 +227,3 @@ class VLLMCost:
         queue_s = behind + min(begins for begins, _ in mine) * step
         total = behind + max(begins * step + prefill + (w.max_tokens - 1) * step for begins, w in mine)
         return Prediction(queue_s, queue_s + prefill, total, ahead)
-
-
-def _shown(prefill: WidthClock, step: WidthClock) -> dict:
-    """The clocks in ms by width, and the profile's prior they start from (the same for both)."""
-    return {"prefill_ms": prefill.shown(), "step_ms": step.shown(), "profile_ms": step.prior_shown()}
-
-
-def _forgets_in(*clocks: WidthClock) -> float:
-    """Seconds until the first of `clocks` that measured anything forgets it all (0: none did)."""
-    return min((s for s in (clock.forgets_in() for clock in clocks) if s is not None), default=0.0)
