@@ -12,14 +12,14 @@ back, and a fresh process is the one state known to be good."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
 from collections.abc import Callable
 
+from batcher import admission
 from batcher.calibration import Calibration
-from batcher.errors import EngineDied, InvalidParams, NeverFits, ShuttingDown, WaitTooLong
+from batcher.errors import EngineDied, InvalidParams, NeverFits, ShuttingDown
 from batcher.lifecycle import Lifecycle
 from batcher.metrics import CacheState, Metrics
 from batcher.predict import Prediction, StaticCost, VLLMCost, Work
@@ -121,8 +121,8 @@ class EngineThread:
         model's prediction, with the bound that how its last ones came out puts on it. Idle (or
         `alone`: as if it were), each width at the faster of its clock and the machine profile's:
         an idle engine may doubt what a slow spell taught its clocks, not this machine's speed."""
-        running = [] if alone else [work(seq) for seq in self.workload.taken()]
-        queued = [] if alone else [work(seq) for seq in self.workload.queued() if not seq.cancelled]
+        running = [] if alone else [admission.work(seq) for seq in self.workload.taken()]
+        queued = [] if alone else [admission.work(seq) for seq in self.workload.queued() if not seq.cancelled]
         idle = not running and not queued
         return self.calibration.apply(self.cost.predict(running, queued, new, fastest=idle))
 
@@ -230,16 +230,16 @@ class EngineThread:
         if len(seqs) > self.workload.maxsize:  # no retry can make room for it: not a 429
             message = f"{len(seqs)} sequences (prompts x n); the {self.name} engine's queue holds"
             raise NeverFits(f"{message} at most {self.workload.maxsize}")
-        new, idle = [work(seq) for seq in seqs], not self.workload.inflight()
+        new, idle = [admission.work(seq) for seq in seqs], not self.workload.inflight()
         if idle or self.cost.has_prior:
             alone = self.predict(new, alone=True)
-            _fits_alone(self.name, alone, max_total_s, self.cost.has_prior, self.cost.forgets_in())
+            admission.fits_alone(self.name, alone, max_total_s, self.cost.has_prior, self.cost.forgets_in())
             if idle:
-                _admit(self.name, alone, max_ttft_s, None, 0)  # the client's own deadline still holds
+                admission.within_limits(self.name, alone, max_ttft_s, None, 0)  # the client's own deadline still holds
                 return alone
         prediction = self.predict(new)
         room = self.cost.unmeasured_room(self.workload.running(), self.workload.qsize())
-        _admit(self.name, prediction, max_ttft_s, max_total_s, room - len(seqs))
+        admission.within_limits(self.name, prediction, max_ttft_s, max_total_s, room - len(seqs))
         return prediction
 
     # --- the engine thread ---------------------------------------------------------------
@@ -343,41 +343,3 @@ class EngineThread:
 
     def _abandon(self) -> None:
         pass
-
-
-def work(seq: Sequence) -> Work:
-    """What the cost model needs of a sequence."""
-    return Work(seq.params.max_tokens, seq.solo, len(seq.token_ids), seq.started_at)
-
-
-def _fits_alone(engine: str, alone: Prediction, max_total_s: float | None, profiled: bool, forgets_in: float) -> None:
-    """Refuse what would miss `max_total_s` on the engine idle at its fastest (`alone`): with
-    the machine profile behind that price no retry can succeed (NeverFits: fewer prompts or
-    tokens can); with only clocks, which may remember a slow spell, a 429 until they forget it."""
-    if max_total_s is None or not alone.known or alone.total_s <= max_total_s:
-        return
-    message = f"predicted completion in {alone.total_s:.1f}s on the {engine} engine idle"
-    message += f" exceeds REQUEST_TIMEOUT_S ({max_total_s:g}s)"
-    if profiled:
-        raise NeverFits(f"{message} at the speed this machine's profile measured: ask fewer prompts or tokens")
-    raise WaitTooLong(message, prediction=dataclasses.replace(alone, retry_s=forgets_in))
-
-
-def _admit(
-    engine: str, prediction: Prediction, max_ttft_s: float | None, max_total_s: float | None, room_after: int
-) -> None:
-    """Refuse (WaitTooLong) what the prediction says misses a limit. Unknown (the clocks have not
-    measured this load, or their samples aged out): with a limit, only what fits the cost
-    model's `unmeasured_room` is let in, so a flood cannot pile up work nobody can price."""
-    if not prediction.known:
-        if (max_ttft_s is not None or max_total_s is not None) and room_after < 0:
-            message = f"the {engine} engine has not measured steps at this load yet and is full"
-            raise WaitTooLong(f"{message} ({prediction.ahead} sequences ahead)", prediction=prediction)
-        return
-    if max_ttft_s is not None and prediction.ttft_p90_s > max_ttft_s:
-        message = f"predicted time to first token {prediction.ttft_p90_s * 1000:.0f} ms (90th percentile)"
-        message += f" on the {engine} engine"
-        raise WaitTooLong(f"{message} exceeds the deadline of {max_ttft_s * 1000:g} ms", prediction=prediction)
-    if max_total_s is not None and prediction.total_s > max_total_s:
-        message = f"predicted completion in {prediction.total_s:.1f}s on the {engine} engine"
-        raise WaitTooLong(f"{message} exceeds REQUEST_TIMEOUT_S ({max_total_s:g}s)", prediction=prediction)

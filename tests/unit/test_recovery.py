@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from batcher.engine import EngineThread, work
+from batcher.admission import work
+from batcher.engine import EngineThread
 from batcher.errors import NeverFits, QueueFull, WaitTooLong
 from batcher.predict import MAX_AGE_S, UNMEASURED_ROUNDS, StaticCost, VLLMCost
 from batcher.sampling import SamplingParams
