@@ -85,7 +85,8 @@ def test_curl_concurrent_requests(server):
 
 @pytest.mark.parametrize("path", ["/generate_stream", "/generate_vllm_stream"])
 def test_curl_n_streams_one_event_per_token(server, path):
-    out = curl("-N", f"{server.url}{path}", "-d", '{"prompt": "The capital of France is", "max_tokens": 8}')
+    body = '{"prompt": "The capital of France is", "max_tokens": 8}'
+    out = curl("-N", f"{server.url}{path}", "-H", "Content-Type: application/json", "-d", body)
     evts = [json.loads(line.removeprefix("data: ")) for line in out.splitlines() if line.startswith("data: ")]
     assert "".join(e.get("token", "") for e in evts).startswith(" Paris")
     assert len(evts) >= 5 and evts[-1]["done"] is True

@@ -83,7 +83,7 @@ def test_past_the_cap_every_prompt_route_is_refused_at_once_and_the_probes_answe
         for probe in ("/health", "/metrics", "/load", "/static/v1/models"):
             assert client.get(probe).status_code == 200, probe
         tokenized = client.post("/static/tokenize", json={"model": model, "prompt": "a"})
-        assert tokenized.status_code == 200  # runs no prompt: not gated
+        assert tokenized.status_code == 429  # a chat to render holds a thread too: gated
         gate = gated.extensions["inflight"]
         assert gate.held == CAP  # a refusal takes no slot
 
