@@ -15,14 +15,7 @@ from batcher.profile.store import DEFAULT_PROFILE_DIR
 from batcher.settings import StaticSettings, VLLMSettings
 
 # VLLMSettings fields that are the Config field `vllm_<name>` as it is
-VLLM_AS_SET = (
-    "max_num_seqs",
-    "max_model_len",
-    "kv_cache_gib",
-    "gpu_memory_utilization",
-    "max_inbox",
-    "tensor_parallel_size",
-)
+VLLM_AS_SET = "max_num_seqs max_model_len kv_cache_gib gpu_memory_utilization max_inbox tensor_parallel_size".split()
 
 
 # Threads a generate request never takes (MAX_INFLIGHT_REQUESTS' default is THREADS less these):
@@ -42,10 +35,6 @@ class SettingError(ValueError):
 # pydantic does the checking (finite, in range, a number at all); `range_text` words it.
 def between(low: float | None = None, high: float | None = None, *, above: float | None = None):
     return Field(ge=low, le=high, gt=above)
-
-
-def _text(value) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 # Ranges are generous: they keep out what cannot work (0 threads, a negative timeout, NaN), not
@@ -236,10 +225,11 @@ def range_text(name: str) -> str:
         for key in ("ge", "gt", "le"):
             if getattr(item, key, None) is not None:
                 bounds[key] = getattr(item, key)
-    if "ge" in bounds and "le" in bounds:
-        return f"{_text(bounds['ge'])}..{_text(bounds['le'])}"
+    text = {key: f"{value:g}" if isinstance(value, float) else str(value) for key, value in bounds.items()}
+    if "ge" in text and "le" in text:
+        return f"{text['ge']}..{text['le']}"
     words = {"ge": ">=", "gt": ">", "le": "<="}
-    return ", ".join(f"{words[key]} {_text(value)}" for key, value in bounds.items())
+    return ", ".join(f"{words[key]} {value}" for key, value in text.items())
 
 
 def _worded(error: dict) -> str:
