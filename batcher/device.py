@@ -3,7 +3,7 @@ machine, here and nowhere else (service/config.py asks, for both engines and the
 
 On a CPU the answer is the machine profile's (batcher/profile: what `make setup` measured here,
 faithful first, then fastest); without a profile for this machine, fp32 eager. On a GPU (not
-profiled: no GPU to measure on here) the rules stand: bf16 where supported, else fp16, compiled.
+profiled: none measured yet) the rules stand: bf16 where supported, else fp16, compiled.
 """
 
 from __future__ import annotations

@@ -2,8 +2,7 @@
 the request thread with xgrammar, the library vLLM's own default backend uses, so that a spec
 means the same grammar on both engines. The compiler's cache of compiled grammars is capped in
 bytes by the caller (the service's GRAMMAR_CACHE_MB, vLLM's 512 MB): uncapped, every distinct
-schema stayed for the life of the process (the worker's RSS grew about 2 MiB per small schema,
-400 of them, 2026-12-03).
+schema stayed for the life of the process (docs/operations.md#limits-per-request).
 
 The static engine masks each constrained row with the compiled grammar (batcher/static/constraint.py);
 the vLLM engine gets the spec as `StructuredOutputsParams` (`vllm_params`) and compiles it with
@@ -61,8 +60,8 @@ def compiler(model_path: str, cache_limit_bytes: int):
     by what was compiled, so the same spec compiles once, and the least recently used leave it
     once it holds `cache_limit_bytes` (xgrammar's own count, which it may pass a little). Under a
     lock: `functools.cache` alone lets every request that arrives before the first build ends
-    build its own, and ten tool calls sent at once to a fresh server took 18 s to compile their
-    grammar instead of 1 (one core, 2026-12-03)."""
+    build its own, so a burst at a fresh server built it once per request
+    (docs/operations.md#limits-per-request)."""
     if cache_limit_bytes < 1:  # xgrammar reads -1 as no limit at all: the leak this cap ends
         raise ValueError(f"the grammar cache limit must be >= 1 byte, got {cache_limit_bytes}")
     with _compiler_lock:

@@ -33,9 +33,9 @@ class WidthClock:
     which under a flood priced width 64 at width 1's and admitted work that then timed out (504):
     the nearest wider width known (a step never gets cheaper with more rows), else the nearest
     narrower one scaled by the ratio of widths (a row never costs more in a wider step: weights
-    are read once per step whatever its width; measured here, fp32 linears took 44 ms at 1 row
-    and 175 at 64, fp16 17 and 845). Pessimistic until the width runs, and then measured. With no
-    fresh sample and no prior it is unknown (None). `now`: the clock (a seam for tests)."""
+    are read once per step whatever its width; docs/operations.md#admission-cannot-lock-itself-shut).
+    Pessimistic until the width runs, and then measured. With no fresh sample and no prior it is
+    unknown (None). `now`: the clock (a seam for tests)."""
 
     def __init__(self, now: Callable[[], float] = time.monotonic, prior: Iterable[tuple[int, float]] = ()) -> None:
         self._now = now

@@ -195,7 +195,7 @@ def render(s: Settings, down: int | None = None) -> Path:
         env = {"HOST": bind, "PORT": str(port), "PROBE_PORT": str(probe_port)}
         if s.preload:
             env["LD_PRELOAD"] = s.preload
-        if s.accel == "gpu":  # one replica per GPU (untested here: this machine has none)
+        if s.accel == "gpu":  # one replica per GPU (not yet run on a GPU)
             env["CUDA_VISIBLE_DEVICES"] = str(i - 1)
         environment = ",".join(f"{k}={_supervisor_value(v)}" for k, v in env.items())
         replicas.append(

@@ -72,9 +72,10 @@ def chunk_cost(step_s: float, tokens: int) -> float:
 
 def speed_costs(spec: dict, batch: int, step_s: float) -> list[float]:
     """Each timed run's projected seconds, from the fidelity chunks' slowest decode step. Static:
-    a round per BATCH_SIZE prompts, half its step's cost per row (a round of 1 took 0.57 of a
-    round of 4 on the quiet Zen 3); vLLM (batch 0): one call, dearer with more prompts than a
-    fidelity chunk. Both err slow (a shorter prompt, a smaller call steps faster)."""
+    a round per BATCH_SIZE prompts, half its step's cost per row (a round of one row costs a
+    little over half a full one: docs/performance.md#the-machine-profile-faithful-first-then-fastest);
+    vLLM (batch 0): one call, dearer with more prompts than a fidelity chunk. Both err slow (a
+    shorter prompt, a smaller call steps faster)."""
     chunk = spec.get("chunk") or len(spec["texts"])
     sizes = [len(prompts) for prompts in spec.get("timed", [])]
     rows = lambda n: math.ceil(n / batch) * (0.5 + 0.5 * min(n, batch) / batch)  # noqa: E731

@@ -1,8 +1,8 @@
 """The compiled rows that `make setup`'s budget cut short, measured to their end in the background.
 
-A cold compile outlasts the profile's budget on some CPUs (vLLM fp32 compiled was killed at its
-cap on the Zen 3 and the Zen 4 measured so far, 2026-12), and then `auto` never sees a compiled
-row. So, after the budgeted run, `start` launches `python -m batcher.profile --finish` on its
+A cold compile outlasts the profile's budget on some CPUs
+(docs/performance.md#the-machine-profile-faithful-first-then-fastest), and then `auto` never sees
+a compiled row. So, after the budgeted run, `start` launches `python -m batcher.profile --finish` on its
 own: per engine, the compiled form of its fastest faithful eager row (`unfinished`), each with
 FINISH_CAP_S, against a reference measured again in the same run. It holds a lock while it runs
 (`lock_path`); `make serve`, `make test` and `make bench` wait for it first (`wait`), so that

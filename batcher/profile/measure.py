@@ -11,14 +11,15 @@ call of 1, 4 (and, vLLM only, 64) prompts of 20 tokens (the fidelity calls were 
 The order (`candidates`, `next_candidate`): the eager rows first, fp32 (the reference, static
 then vLLM's, its fallback), fp16 and bf16 (a few seconds each once an engine is built; bf16 was
 unfaithful on every CPU measured so far, yet defaults are decided by measuring); then, per engine,
-the compiled form of its fastest faithful eager row (what can win: compiling changes no answer
-here, 1.1-1.4x where measured, but 25-45 s of compiling from a cold cache), vLLM's first (on the
-Xeon, 2026-12-02, its fp16 compiled took 0.48 s for one prompt against 0.68 eager, while the
-static engine's compiled graphs pad every round to BATCH_SIZE rows: 0.81 s); then the other
-compiled rows, each only where its eager row was faithful. Every engine keeps one process for its candidates
-(session.py). Each candidate has a cap, CAP_SHARE of the budget (each engine's first, fp32 eager:
-all that is left): the child stops it once its projection passes the cap ("too slow"), the parent kills it at
-the cap ("timed out"); a candidate the budget cannot start is recorded as such.
+the compiled form of its fastest faithful eager row (what can win: compiling changes no answer,
+is faster where measured, but slow from a cold cache), vLLM's first (the static engine's compiled
+graphs pad every round to BATCH_SIZE rows, which costs a one-prompt run); then the other compiled
+rows, each only where its eager row was faithful (the figures:
+docs/performance.md#the-machine-profile-faithful-first-then-fastest). Every engine keeps one
+process for its candidates (session.py). Each candidate has a cap, CAP_SHARE of the budget (each
+engine's first, fp32 eager: all that is left): the child stops it once its projection passes the
+cap ("too slow"), the parent kills it at the cap ("timed out"); a candidate the budget cannot
+start is recorded as such.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ MIN_START_S = 10.0  # less left than this: not started (no engine builds and ans
 # it serves, whose linears read different weight formats in fp16 (batcher/static/linear.py), so
 # that the faithful rule judges both (the compiled engine pads both to BATCH_SIZE rows).
 ALL_AT_ONCE = len(fidelity.PROMPTS)
-# Quantized routes (issue 18) and the CPU flags their kernels need; absent here: not built.
+# Quantized routes and the CPU flags their kernels need; noted as not measured where the CPU lacks them.
 QUANTIZED = {"4-bit CPUWNA16 (vLLM)": ("avx512f",), "int8 W8A8 (vLLM)": ("avx512_vnni", "avx_vnni")}
 
 
@@ -163,7 +164,7 @@ def measure(model_path: str, log_path: Path, budget_s: float = BUDGET_S, only=No
                 if why is None:
                     # an engine's first row (fp32 eager: the reference, and vLLM's fallback) runs
                     # to what is left, unprojected: without it that engine has nothing measured
-                    # (on the quiet Zen 3, 2026-12-02, vLLM's took over 60 s: start 25-36 s of it)
+                    # (a capped one left vLLM with none: docs/performance.md#per-cpu-kind)
                     first = not any(row["engine"] == candidate[0] for row in rows)
                     cap = budget_s if first else CAP_SHARE * budget_s
                     spec = spec_for(candidate, base[candidate[0] == "vllm"], texts, reference, **how)

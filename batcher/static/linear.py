@@ -1,28 +1,16 @@
 """The static engine's linear layers on a CPU: oneDNN, with each weight packed once at load.
 
-Why not plain `nn.Linear`: on a CPU, torch's fp32 `F.linear` runs MKL's sgemm, which for the few
-rows a decode step has (one per sequence of the round) reads the weights at a fraction of the
-memory's speed, and a decode step is little else than reading every weight once. oneDNN's
-matmul, handed weights reordered once into its own layout, reads them about twice as fast. It is
-what torch's own compiler emits for a CPU linear when it freezes weights (Inductor's
-fx_passes/mkldnn_fusion.py: `mkldnn._reorder_linear_weight`, then `mkldnn._linear_pointwise`)
-and what vLLM's CPU backend runs (`create_onednn_mm`); here without compiling anything.
-Measured (AMD EPYC Zen 4, one thread, fp32, greedy tokens unchanged, 2026-12-03): a decode step
-of a 4-row round 101-107 ms plain, 73-76 ms packed; of an 8-row round 153 against 82 ms; a
-4x190-token prefill 2.1 against 1.7 s; bf16 4 rows 98 against 72 ms.
-Where oneDNN cannot pack fp16 (it needs AVX512-FP16 or AVX-NE-CONVERT; neither Zen 3 nor Zen 4
-has them), fp16 means fp16 *weights* computed in fp32 (`half_weights`, issue 44): the model is
-loaded in fp32, every parameter rounded to fp16's values, and each linear keeps those values in two
-formats: fp16 for calls of fewer than FP16_BELOW rows (torch's fp16 kernel reads half of fp32's
-bytes: a one-row decode step) and packed fp32 for wider ones (a round of 4, a prefill). Every
-other op runs in fp32, where this CPU has no fp16 arithmetic to spare. Every linear and the
-lm_head once (AMD EPYC Zen 4, 2 threads, 2026-12-04, ms, fp16 / packed fp32): 1 row 15.1 / 35.8;
-2 rows 28.9 / 38.3; 3 rows 36.6 / 35.8; 4 rows 47.2 / 33.3; 16 rows 141 / 36.8. Whole rounds of 20
-tokens, interleaved, same machine: one row 0.70 s (fp16 throughout: 0.69, fp32: 1.13), four rows
-1.38 s (fp16 throughout 1.52, fp32 1.30); greedy tokens the same as fp32's on those prompts.
-Before, fp16 ran throughout, its calls of 8 rows and more converting the weight to fp32 on every
-call. The price: the fp32 copy (the model takes fp32's memory and half of it again).
+Why not plain `nn.Linear`: torch's fp32 `F.linear` runs MKL's sgemm, which for a decode step's few
+rows reads the weights at a fraction of the memory's speed, and a decode step is little else.
+oneDNN's matmul on weights reordered once into its own layout reads them about twice as fast; it
+is what Inductor emits for a frozen CPU linear (`mkldnn._reorder_linear_weight`, then
+`mkldnn._linear_pointwise`) and what vLLM's CPU backend runs (`create_onednn_mm`), here without
+compiling anything. Where oneDNN cannot pack fp16 (it needs AVX512-FP16 or AVX-NE-CONVERT), fp16
+means fp16 *weights* computed in fp32 (`half_weights`): every parameter rounded to fp16's values,
+read as fp16 by calls of fewer than FP16_BELOW rows (half the bytes) and packed in fp32 by wider
+ones; every other op runs in fp32. The price: the fp32 copy (fp32's memory and half of it again).
 Compiled decoding (STATIC_COMPILE) keeps plain linears: Inductor picks its own kernels.
+Figures: docs/performance.md#the-static-engines-decode-where-a-step-goes, and #per-cpu-kind's Zen 4.
 """
 
 from __future__ import annotations

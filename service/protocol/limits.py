@@ -31,8 +31,8 @@ MAX_STOP_CHARS = 1024
 # context runs (MAX_INPUT_TOKENS, 512): room for a long conversation cut by `truncate_prompt_tokens`.
 MAX_MESSAGES = 1024
 # What a grammar compiles from (`regex`, `grammar`, `structural_tag` as JSON text, and the choices
-# of `choice` together): 64 KiB of alternatives compiled in 0.8-1.5 s on the AMD EPYC here
-# (2026-12-03), 8-15 MiB of xgrammar's cache each. A JSON schema is bounded by the body alone.
+# of `choice` together): a compile's time and its room in xgrammar's cache grow with it (figures:
+# docs/operations.md#limits-per-request). A JSON schema is bounded by the body alone.
 MAX_GRAMMAR_CHARS = 64 * 1024
 MAX_CHOICES = 256  # 256 choices of at most MAX_CHOICE_CHARS: MAX_GRAMMAR_CHARS in all
 MAX_CHOICE_CHARS = 256
