@@ -25,7 +25,7 @@ class Status(StrEnum):
 
 # A prompt: text, or token ids (the tokenizer's own, as an evaluation harness sends them).
 # Either way it runs whole: the service refuses one longer than MAX_INPUT_TOKENS, or cuts it to
-# its last `truncate_prompt_tokens` when asked (service/context.py); an engine never cuts it.
+# its last `truncate_prompt_tokens` when asked (service/context_length.py); an engine never cuts it.
 Prompt = str | tuple[int, ...]
 
 _ids = itertools.count(1)

@@ -22,7 +22,7 @@ class StaticSettings:
     batch_wait_ms: float
     max_queue: int
     max_input_tokens: int
-    max_new_tokens: int  # the largest max_tokens a request may ask for (MAX_NEW_TOKENS_LIMIT)
+    max_tokens_limit: int  # the largest max_tokens a request may ask for (MAX_NEW_TOKENS_LIMIT)
     torch_threads: int  # 0: every core the process may use
     stall_s: float  # ENGINE_STALL_S: holding work with no progress this long fails the engine
     # (width, seconds a token) the machine profile measured for this dtype and decoding: the cost

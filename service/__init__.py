@@ -41,7 +41,7 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
     import_torch_first()
     from transformers import AutoTokenizer
 
-    from batcher.static.worker import ModelWorker
+    from batcher.static.worker import StaticWorker
 
     config = config or Config.from_env()
     app = Flask(__name__)
@@ -59,7 +59,7 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
         log.info("%s engine: %s %s on %s (%s)", name, shown["dtype"], decoding, shown["device"], shown["reason"])
     use_compile_cache(config.compile_cache_dir, vllm_settings.device)  # before anything compiles
 
-    static_engine = ModelWorker(static_settings, metrics=metrics)
+    static_engine = StaticWorker(static_settings, metrics=metrics)
     vllm_engine = VLLMWorker(vllm_settings, context=app.test_request_context, metrics=metrics)
     app.extensions["engines"] = {"static": static_engine, "vllm": vllm_engine}
     app.extensions["metrics"] = metrics

@@ -176,7 +176,7 @@ class Config:
             batch_wait_ms=self.batch_wait_ms,
             max_queue=self.max_queue,
             max_input_tokens=self.max_input_tokens,
-            max_new_tokens=self.max_new_tokens_limit,
+            max_tokens_limit=self.max_new_tokens_limit,
             torch_threads=self.torch_threads,
             stall_s=self.engine_stall_s,
             profile_step_s=picked.step_s,

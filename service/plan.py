@@ -40,7 +40,7 @@ class Served:
 @dataclass(frozen=True)
 class Plan:
     """`prompts`: as the engines run them (each checked against the context length, cut where the
-    request asked, service/context.py); `params`: their sampling parameters, the grammar not yet
+    request asked, service/context_length.py); `params`: their sampling parameters, the grammar not yet
     compiled (service/generation.py compiles it once the engine would admit the request); `n`:
     completions per prompt; `stream`, `include_usage`, `continuous_usage`: how the reply is sent;
     `echo`: what each choice starts with (OpenAI's `echo`); `tools`: the request's function tools,

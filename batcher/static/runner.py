@@ -74,7 +74,7 @@ class Runner:
         self.max_input_tokens = settings.max_input_tokens
         self.compile_config = compile_config(self.device) if settings.compile else None
         self.max_batch = settings.batch_size
-        self.max_cache_len = settings.max_input_tokens + settings.max_new_tokens
+        self.max_cache_len = settings.max_input_tokens + settings.max_tokens_limit
         model_path = settings.model_path
         self._graphs: set[int] = set()  # cache lengths compiled so far
         if self.compile_config is not None:  # a graph per cache length (cache_bucket), not more
@@ -133,7 +133,7 @@ class Runner:
     def tokenize(self, prompt: Prompt) -> list[int]:
         """One row's token ids, on its own so that a prompt that cannot be tokenized fails alone:
         text is tokenized, token ids are taken as they are. Never cut: the service checked the
-        length (service/context.py); one longer than MAX_INPUT_TOKENS that got here fails its row."""
+        length (service/context_length.py); one longer than MAX_INPUT_TOKENS that got here fails its row."""
         ids = self.tokenizer(prompt)["input_ids"] if isinstance(prompt, str) else list(prompt)
         if len(ids) > self.max_input_tokens:
             raise ValueError(f"the prompt has {len(ids)} tokens, more than MAX_INPUT_TOKENS={self.max_input_tokens}")

@@ -26,7 +26,7 @@ from batcher.static.runner import Runner, set_torch_threads
 log = logging.getLogger(__name__)
 
 
-class ModelWorker(EngineThread):
+class StaticWorker(EngineThread):
     name = "static"
 
     def __init__(

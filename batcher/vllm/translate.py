@@ -12,7 +12,7 @@ from batcher.tokens import TokenLogprob
 
 def engine_prompt(seq: Sequence):
     """Text as it is (vLLM tokenizes it), token ids as a `TokensPrompt`; whole: the service
-    checked the context length (service/context.py)."""
+    checked the context length (service/context_length.py)."""
     if isinstance(seq.prompt, str):
         return seq.prompt
     return {"prompt_token_ids": list(seq.prompt)}

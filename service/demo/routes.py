@@ -10,7 +10,7 @@ from __future__ import annotations
 from flask import Blueprint, Flask, request
 from flask.blueprints import BlueprintSetupState
 
-from service import context, generation
+from service import context_length, generation
 from service.demo import replies
 from service.http import auth, lookup, sse
 from service.http.body import json_body
@@ -35,7 +35,7 @@ def plan(req: Generate | Single, served: Served) -> Plan:
     """A demo request's plan: its prompt(s) checked against the context length, greedy unless asked."""
     params = req.to_sampling_params(served.config)
     key = "prompt" if isinstance(req, Single) else "prompts"
-    prompts = context.fit(
+    prompts = context_length.fit(
         [req.prompt] if key == "prompt" else req.prompts, truncate=req.truncate_prompt_tokens,
         max_tokens=params.max_tokens, param=key, tokenizer=served.tokenizer, config=served.config,
     )  # fmt: skip

@@ -15,7 +15,7 @@ import functools
 import jinja2
 import jinja2.meta
 
-from service import context
+from service import context_length
 from service.errors import InvalidRequest
 from service.openai import echo
 from service.plan import Plan, Served
@@ -61,7 +61,7 @@ def render(served: Served, messages: list[dict], tools: Tools | None = None, *, 
 
 
 def head(served: Served, messages: list[dict], tools: Tools | None = None) -> str:
-    """The start of the rendering that a cut must leave whole (service/context.py): everything
+    """The start of the rendering that a cut must leave whole (service/context_length.py): everything
     before the first non-system message's content, i.e. the system turn and the user's role
     marker (and, with tools, the turn that states them), found by rendering that message with a
     marker for its content."""
@@ -77,7 +77,7 @@ def prompt(served: Served, messages: list[dict], tools: Tools | None, params, tr
     and cut where `truncate_prompt_tokens` asks, its head whole. Chat and Responses run it."""
     rendered = render(served, messages, tools)
     heads = [head(served, messages, tools)]
-    return context.fit(
+    return context_length.fit(
         [rendered], truncate=truncate, max_tokens=params.max_tokens, param=param,
         tokenizer=served.tokenizer, config=served.config, heads=heads,
     )  # fmt: skip

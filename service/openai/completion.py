@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from service import context
+from service import context_length
 from service.openai import echo
 from service.plan import Plan, Served
 from service.protocol.completion import Completion
@@ -10,7 +10,7 @@ from service.protocol.completion import Completion
 
 def plan(req: Completion, served: Served) -> Plan:
     params = req.to_sampling_params(served.config)
-    prompts = context.fit(
+    prompts = context_length.fit(
         req.prompts(), truncate=req.truncate_prompt_tokens, max_tokens=params.max_tokens, param="prompt",
         tokenizer=served.tokenizer, config=served.config,
     )  # fmt: skip

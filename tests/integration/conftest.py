@@ -11,7 +11,7 @@ import pytest
 
 from batcher import fence
 from batcher.static.runner import Runner
-from batcher.static.worker import ModelWorker
+from batcher.static.worker import StaticWorker
 from service import create_app, shutdown
 from service.config import Config
 from tests.helpers import pin_environment
@@ -98,7 +98,7 @@ def runner(runner_fp32):
 @pytest.fixture
 def worker(runner):
     """A started static engine on `runner`: a round holding workers.GATE waits for `runner.gate`."""
-    worker = ModelWorker(runner.settings, load_runner=lambda: runner).start()
+    worker = StaticWorker(runner.settings, load_runner=lambda: runner).start()
     assert worker.wait_ready(30)
     yield worker
     runner.gate.set()

@@ -1,4 +1,4 @@
-"""The context-length rule (service/context.py) on both engines and both route families, through
+"""The context-length rule (service/context_length.py) on both engines and both route families, through
 the real app: an over-long prompt is a 400 naming both counts, never cut silently;
 `truncate_prompt_tokens` keeps its last k tokens when asked; a chat prompt keeps its head."""
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from service import context
+from service import context_length
 from service.openai import chat
 from service.plan import Served
 from tests.helpers import MODEL
@@ -98,7 +98,7 @@ def test_a_cut_chat_prompt_keeps_its_templates_head(vllm_app):
     config, tokenizer = vllm_app.config["SERVICE"], vllm_app.extensions["tokenizer"]()
     served = Served(config, tokenizer)  # what a view hands down: no request context needed
     rendered, head = chat.render(served, messages), chat.head(served, messages)
-    [ids] = context.fit(
+    [ids] = context_length.fit(
         [rendered], truncate=60, max_tokens=3, param="messages", tokenizer=tokenizer, config=config, heads=[head]
     )
     head_ids, full = tokens(vllm_app, head), tokens(vllm_app, rendered)
@@ -122,7 +122,7 @@ def test_prompt_plus_max_tokens_over_the_models_length_names_both():
     # unreachable through the default settings (max_model_len is MAX_INPUT_TOKENS plus the largest
     # max_tokens), so the rule itself, with a window where the two can meet
     with pytest.raises(
-        context.ContextTooLong, match=r"requested 130 tokens \(100 in the prompt, 30 in the completion\)"
+        context_length.ContextTooLong, match=r"requested 130 tokens \(100 in the prompt, 30 in the completion\)"
     ):
-        context._check(100, 30, max_input=120, max_model_len=128, param="prompt")
-    context._check(100, 28, max_input=120, max_model_len=128, param="prompt")
+        context_length._check(100, 30, max_input=120, max_model_len=128, param="prompt")
+    context_length._check(100, 28, max_input=120, max_model_len=128, param="prompt")

@@ -36,10 +36,10 @@ def sequences(count: int) -> list[Sequence]:
 @pytest.fixture
 def engine(runner_fp32, request):
     """A real static engine on the session's runner; `stall_s` from the test's parameter."""
-    from batcher.static.worker import ModelWorker
+    from batcher.static.worker import StaticWorker
 
     settings = dataclasses.replace(runner_fp32.settings, stall_s=getattr(request, "param", 300.0))
-    worker = ModelWorker(settings, load_runner=lambda: runner_fp32).start()
+    worker = StaticWorker(settings, load_runner=lambda: runner_fp32).start()
     deaths: list[tuple[str, str]] = []
     dead = threading.Event()  # set by the death callback, which runs after the 503s went out
     worker.when_dead(lambda name, error: (deaths.append((name, error)), dead.set()))
@@ -109,10 +109,10 @@ def test_the_app_answers_503_naming_the_dead_engine_and_health_says_failed():
 
 def test_an_engine_whose_load_raises_is_failed_and_runs_its_death_callbacks(runner_fp32):
     """So that its worker leaves and a fresh one loads again, as after a death."""
-    from batcher.static.worker import ModelWorker
+    from batcher.static.worker import StaticWorker
 
     failpoints.arm("static.load", "raise")
-    worker = ModelWorker(runner_fp32.settings, load_runner=lambda: runner_fp32)
+    worker = StaticWorker(runner_fp32.settings, load_runner=lambda: runner_fp32)
     deaths: list[tuple[str, str]] = []
     dead = threading.Event()
     worker.when_dead(lambda name, error: (deaths.append((name, error)), dead.set()))

@@ -237,11 +237,11 @@ def test_kv_cache_use_per_engine():
     from prometheus_client import generate_latest
 
     from batcher.metrics import Metrics
-    from batcher.static.worker import ModelWorker
+    from batcher.static.worker import StaticWorker
 
-    static = SimpleNamespace(running=lambda: 3, batch_size=4)  # what ModelWorker.kv_cache reads
+    static = SimpleNamespace(running=lambda: 3, batch_size=4)  # what StaticWorker.kv_cache reads
     metrics = Metrics(model_name="m")
-    metrics.watch("static", static.running, lambda: 0, lambda: ModelWorker.kv_cache(static))
+    metrics.watch("static", static.running, lambda: 0, lambda: StaticWorker.kv_cache(static))
     metrics.watch("vllm", lambda: 1, lambda: 0, lambda: (0.25, 16, 2900))
     text = generate_latest(metrics.registry).decode()
     assert 'vllm:kv_cache_usage_perc{engine="static",model_name="m"} 0.75' in text, text

@@ -10,7 +10,7 @@ import pytest
 
 from batcher.errors import ShuttingDown
 from batcher.sequence import Sequence
-from batcher.static.worker import ModelWorker
+from batcher.static.worker import StaticWorker
 from tests.helpers import WatchedQueue
 from tests.helpers.workers import GATE, submit
 
@@ -66,7 +66,7 @@ def test_an_engine_stopped_while_it_loads_stays_stopped(runner_fp32, load_ends):
             raise RuntimeError("the load failed after the stop")
         return runner_fp32
 
-    worker = ModelWorker(runner_fp32.settings, load_runner=slow_load).start()
+    worker = StaticWorker(runner_fp32.settings, load_runner=slow_load).start()
     assert loading.wait(30)
     worker.stop(timeout=0)  # the join gives up at once: the load goes on in the engine thread
     assert worker.status == "stopped"
@@ -80,7 +80,7 @@ def test_an_engine_stopped_while_it_loads_stays_stopped(runner_fp32, load_ends):
 
 def test_a_batch_waiting_for_latecomers_is_held_counted_and_abandoned(runner_fp32):
     settings = dataclasses.replace(runner_fp32.settings, batch_wait_ms=600_000)  # waits for a full round
-    worker = ModelWorker(settings, load_runner=lambda: runner_fp32)
+    worker = StaticWorker(settings, load_runner=lambda: runner_fp32)
     watched = worker.workload._queue = WatchedQueue()
     worker.start()
     try:

@@ -17,7 +17,7 @@ from batcher import fence
 from batcher.sampling import SamplingParams
 from batcher.sequence import Sequence
 from batcher.static.runner import Runner, cache_bucket
-from batcher.static.worker import ModelWorker
+from batcher.static.worker import StaticWorker
 from service import create_app, shutdown
 from service.config import Config
 from tests.helpers.workers import PROMPTS, run, static_settings
@@ -184,7 +184,7 @@ class _Compiles(Runner):
 def test_a_round_that_compiles_waits_for_vllms_step_and_a_plain_round_does_not(runner_fp32):
     """A compile patches torch process-wide (fence.py): vLLM must not be mid-step meanwhile."""
     runner = _Compiles(runner_fp32)
-    worker = ModelWorker(runner.settings, load_runner=lambda: runner).start()
+    worker = StaticWorker(runner.settings, load_runner=lambda: runner).start()
     assert worker.wait_ready(60)
     stepping, step_over = threading.Event(), threading.Event()
 
