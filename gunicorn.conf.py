@@ -153,6 +153,7 @@ def post_worker_init(worker):
     import threading
 
     from service import begin_shutdown, shutdown
+    from service.http.state import app_state
 
     app = worker.wsgi
     gunicorn_handler = signal.getsignal(signal.SIGTERM)
@@ -170,7 +171,8 @@ def post_worker_init(worker):
     if beacon is not None:  # the probe port answers what the worker's /health would
         from service.ops.routes import health_reply, metrics_text
 
-        config, engines, registry = app.config["SERVICE"], app.extensions["engines"], app.extensions["metrics"].registry
+        state = app_state(app)
+        config, engines, registry = state.config, state.engines, state.metrics.registry
         beacon.attach(lambda: health_reply(engines, config.max_new_tokens), lambda: metrics_text(registry))
 
     def on_sigterm(signum, frame):  # only sets events: the drain runs in its own thread
@@ -191,8 +193,9 @@ def post_worker_init(worker):
             beacon.kick()
         os.kill(os.getpid(), signal.SIGTERM)
 
-    STARTS.watch(app.extensions["engines"])  # first: a failed load is reported before the worker leaves
-    for engine in app.extensions["engines"].values():
+    engines = app_state(app).engines
+    STARTS.watch(engines)  # first: a failed load is reported before the worker leaves
+    for engine in engines.values():
         engine.when_dead(leave)
 
 

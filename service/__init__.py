@@ -17,6 +17,7 @@ from service.config import Config
 from service.demo import page
 from service.demo import routes as demo_routes
 from service.http import admission, inflight, lookup, request_id
+from service.http.state import KEY, AppState, app_state
 from service.openai import routes as openai_routes
 from service.openai import tokenize
 from service.ops import live, openapi
@@ -45,7 +46,6 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
 
     config = config or Config.from_env()
     app = Flask(__name__)
-    app.config["SERVICE"] = config
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     app.json.ensure_ascii = False  # completions are text: keep them readable in curl
     metrics = Metrics(model_name=config.model_name)
@@ -61,12 +61,15 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
 
     static_engine = StaticWorker(static_settings, metrics=metrics)
     vllm_engine = VLLMWorker(vllm_settings, context=app.test_request_context, metrics=metrics)
-    app.extensions["engines"] = {"static": static_engine, "vllm": vllm_engine}
-    app.extensions["metrics"] = metrics
-    app.extensions["model_path"] = path
-    # for chat templates (the same rendering for both engines); loaded on first use
-    app.extensions["tokenizer"] = functools.cache(lambda: AutoTokenizer.from_pretrained(path))
-    app.config["STARTED_AT"] = int(time.time())
+    app.extensions[KEY] = AppState(
+        config=config,
+        engines={"static": static_engine, "vllm": vllm_engine},
+        metrics=metrics,
+        model_path=path,
+        started_at=int(time.time()),
+        # for chat templates (the same rendering for both engines); loaded on first use
+        load_tokenizer=functools.cache(lambda: AutoTokenizer.from_pretrained(path)),
+    )
 
     for blueprint in (ops_routes.bp, live.bp, page.bp, openapi.bp):
         app.register_blueprint(blueprint)
@@ -88,19 +91,20 @@ def shutdown(app: Flask, timeout: float = 30.0) -> dict[str, tuple[int, int]]:
     """Drain, then stop every engine: no new work (503 `shutting_down`), what is queued or running
     finishes within `timeout`, what is left then fails with 503, threads joined. Returns, per
     engine, (sequences finished, sequences abandoned) since the drain began, and logs them."""
-    if "drained" in app.extensions:  # the second call (worker_exit after the SIGTERM drain)
-        return app.extensions["drained"]
+    state = app_state(app)
+    if state.drained is not None:  # the second call (worker_exit after the SIGTERM drain)
+        return state.drained
     begin_shutdown(app)
     started = time.monotonic()
     deadline = started + timeout
-    engines = app.extensions["engines"]
+    engines = state.engines
     for eng in engines.values():
         eng.wait_drained(max(0.0, deadline - time.monotonic()))
     counts = {}
     for name, eng in engines.items():
         eng.stop(max(1.0, deadline - time.monotonic()))
         counts[name] = (eng.held_at_drain - eng.abandoned, eng.abandoned)
-    app.extensions["drained"] = counts
+    state.drained = counts
     for name, (finished, abandoned) in counts.items():
         log.info(
             "%s engine drained in %.1fs: %d sequences finished, %d abandoned",
@@ -115,7 +119,7 @@ def shutdown(app: Flask, timeout: float = 30.0) -> dict[str, tuple[int, int]]:
 def begin_shutdown(app: Flask) -> None:
     """Non-blocking first half of `shutdown`, safe in a signal handler: every engine refuses new
     work from now on (503 `shutting_down`, /health 503 "draining"); what it holds goes on."""
-    for eng in app.extensions["engines"].values():
+    for eng in app_state(app).engines.values():
         eng.begin_drain()
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, current_app, render_template, request
+from flask import Blueprint, render_template, request
 
 from batcher.sampling import SamplingParams
 from service.demo import routes
@@ -20,7 +20,7 @@ DEFAULT_PROMPTS = ["a", "b", "c", "d", "e", "f"]
 
 @bp.get("/")
 def index():
-    config = current_app.config["SERVICE"]
+    config = lookup.config()
     return render_template(
         "race.html",
         prompts="\n".join(DEFAULT_PROMPTS),

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import hmac
 
-from flask import Blueprint, current_app, request
+from flask import Blueprint, request
 
 from service.errors import Unauthorized
+from service.http.state import current
 
 
 def require_api_key() -> None:
-    keys = current_app.config["SERVICE"].api_keys
+    keys = current().config.api_keys
     if not keys:
         return
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")

@@ -16,6 +16,7 @@ from flask import Flask, Response, g, request
 
 from service.errors import TooBusy
 from service.http.auth import require_api_key
+from service.http.state import app_state
 
 # the routes that run prompts outside GENERATE_BLUEPRINTS: the race page's feed (a stream)
 OTHER_ENDPOINTS = frozenset({"page.race"})
@@ -73,7 +74,7 @@ def register(app: Flask, limit: int, blueprints: set[str]) -> InflightGate:
     ended, failed, or the client went away). Not at its teardown: Flask tears a streamed request
     down as soon as the view has returned, before the first event is sent."""
     gate = InflightGate(limit)
-    app.extensions["inflight"] = gate
+    app_state(app).inflight = gate
 
     @app.before_request
     def _enter() -> None:

@@ -5,28 +5,39 @@ helpers the views call take what they need as arguments."""
 
 from __future__ import annotations
 
-from flask import current_app, g, request
+from flask import g, request
 
+from service.config import Config
 from service.generation import Engine, Run
 from service.http import admission
+from service.http.state import AppState, current
 from service.plan import Served
 
 
+def state() -> AppState:
+    return current()
+
+
+def config() -> Config:
+    return current().config
+
+
 def served() -> Served:
-    return Served(current_app.config["SERVICE"], current_app.extensions["tokenizer"]())
+    state = current()
+    return Served(state.config, state.tokenizer)
 
 
 def engine(name: str) -> Engine:
-    return current_app.extensions["engines"][name]
+    return current().engines[name]
 
 
 def run(engine_name: str, max_queue_ms: float | None = None) -> Run:
     """The request's way to `engine_name`: its deadlines from REQUEST_TIMEOUT_S, X-Max-Queue-Ms and
     the body's `max_queue_ms`. Kept for the request (`current_run`) so that the reply carries
     what the engine predicted, a refusal too."""
-    config = current_app.config["SERVICE"]
+    settings = config()
     max_ttft_s = admission.max_ttft_s(request.headers, max_queue_ms)
-    g.run = Run(engine(engine_name), config.request_timeout_s, max_ttft_s, config)
+    g.run = Run(engine(engine_name), settings.request_timeout_s, max_ttft_s, settings)
     return g.run
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from flask import Blueprint, Flask, current_app, jsonify, request
+from flask import Blueprint, Flask, jsonify, request
 from pydantic import BaseModel
 from werkzeug.exceptions import NotFound
 
@@ -48,14 +48,14 @@ def _engine_available() -> None:
 
 @bp.get("/models")
 def models(engine: str):
-    config = current_app.config["SERVICE"]
+    state = lookup.state()
     card = {
-        "id": config.model_name,
+        "id": state.config.model_name,
         "object": "model",
-        "created": current_app.config["STARTED_AT"],
+        "created": state.started_at,
         "owned_by": "batching-service",
-        "root": current_app.extensions["model_path"],
-        "max_model_len": config.max_model_len,
+        "root": state.model_path,
+        "max_model_len": state.config.max_model_len,
         "structured_outputs": structured.SUPPORTED,  # the kinds both engines constrain decoding to
     }
     return jsonify({"object": "list", "data": [card]})
@@ -66,7 +66,7 @@ def _read(model: type[BaseModel], route: str):
     fields.py's table, the honoured ones (and what spans them) by the model."""
     body = json_body(request)
     fields.check(body, route)
-    return validate(model, body, current_app.config["SERVICE"])
+    return validate(model, body, lookup.config())
 
 
 def _respond(shape, engine: str, plan: Plan):

@@ -17,6 +17,7 @@ from flask import Blueprint, Flask, Response, current_app, jsonify
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from service.http.state import app_state
 from service.protocol import chat, completion, demo, limits, responses, tokenize
 
 bp = Blueprint("openapi", __name__)
@@ -116,7 +117,7 @@ def document(app: Flask) -> dict:
         if method.upper() in rule.methods:
             paths.setdefault(rule.rule, {})[method] = _operation(rule.endpoint, view, _openai_shaped(app, blueprint))
     schemas = copy.deepcopy(_schemas())  # filled in per app: the cached one stays unfilled
-    limits.fill(schemas, app.config["SERVICE"])
+    limits.fill(schemas, app_state(app).config)
     return {
         "openapi": "3.1.0",
         "info": {"title": "batching-service", "version": "1", "description": "docs/api.md and docs/openai.md"},
@@ -136,7 +137,8 @@ def openapi():
     anyone may call in a loop must not spend on every call. The app's routes and settings never
     change after start, so neither does it (two first requests at once may both build it; the same
     bytes either way)."""
-    body = current_app.extensions.get("openapi")
-    if body is None:
-        body = current_app.extensions["openapi"] = jsonify(document(current_app)).get_data()
+    state = app_state(current_app)
+    if state.openapi is None:
+        state.openapi = jsonify(document(current_app)).get_data()
+    body = state.openapi
     return Response(body, mimetype="application/json")

@@ -2,10 +2,11 @@
 
 import resource
 
-from flask import Blueprint, Response, current_app, jsonify, request
+from flask import Blueprint, Response, jsonify, request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from service.errors import ApiError
+from service.http.state import current
 
 bp = Blueprint("ops", __name__)
 
@@ -43,7 +44,8 @@ def health_reply(engines: dict, max_new_tokens: int) -> tuple[dict, int]:
 @bp.get("/health")
 def health():
     """health_reply's, for the app's own engines."""
-    reply, code = health_reply(current_app.extensions["engines"], current_app.config["SERVICE"].max_new_tokens)
+    state = current()
+    reply, code = health_reply(state.engines, state.config.max_new_tokens)
     return jsonify(reply), code
 
 
@@ -64,10 +66,11 @@ def _size(name: str, default: int, limit: int) -> int:
 def load():
     """Per engine, the predicted queue time, time to first token and completion of a request of
     `?prompts=` prompts (1) of `?max_tokens=` tokens (MAX_NEW_TOKENS), if it came now."""
-    config = current_app.config["SERVICE"]
+    state = current()
+    config = state.config
     prompts = _size("prompts", 1, config.max_prompts_per_request)
     max_tokens = _size("max_tokens", config.max_new_tokens, config.max_new_tokens_limit)
-    return jsonify({"engines": _predicted(current_app.extensions["engines"], prompts, max_tokens)})
+    return jsonify({"engines": _predicted(state.engines, prompts, max_tokens)})
 
 
 def metrics_text(registry) -> bytes:
@@ -77,4 +80,4 @@ def metrics_text(registry) -> bytes:
 
 @bp.get("/metrics")
 def metrics():
-    return Response(metrics_text(current_app.extensions["metrics"].registry), mimetype=CONTENT_TYPE_LATEST)
+    return Response(metrics_text(current().metrics.registry), mimetype=CONTENT_TYPE_LATEST)

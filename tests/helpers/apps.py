@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from service import create_app, shutdown
 from service.config import Config
+from service.http.state import app_state
 
 
 @contextlib.contextmanager
@@ -24,10 +25,10 @@ def own_app(**settings) -> Iterator[Flask]:
     (PROFILE_DIR; `profile_dir` an empty folder: none, so it prices nothing and admits what
     arrives while it is idle whatever the request's size: batcher/engine.py `_admission`)."""
     app = create_app(Config(**{"static_compile": "0", "vllm_enforce_eager": "1", **settings}))
-    engines = app.extensions["engines"]
+    engines = app_state(app).engines
     try:
         assert engines["static"].wait_ready(60), engines["static"].health()
-        if app.config["SERVICE"].vllm_enabled:
+        if app_state(app).config.vllm_enabled:
             assert engines["vllm"].wait_ready(600), engines["vllm"].health()
         yield app
     finally:
@@ -74,4 +75,4 @@ def over_http(app: Flask) -> Iterator[str]:
 def enqueued(app: Flask) -> dict[str, float]:
     """`prompts_counted` of each engine: equal before and after a request, it enqueued nothing,
     whatever earlier tests left running (a stream a client closed is dropped at its next step)."""
-    return {name: prompts_counted(app, name) for name in app.extensions["engines"]}
+    return {name: prompts_counted(app, name) for name in app_state(app).engines}

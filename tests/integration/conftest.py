@@ -14,6 +14,7 @@ from batcher.static.runner import Runner
 from batcher.static.worker import StaticWorker
 from service import create_app, shutdown
 from service.config import Config
+from service.http.state import app_state
 from tests.helpers import pin_environment
 from tests.helpers.workers import InstrumentedRunner, static_settings
 
@@ -36,7 +37,7 @@ def app():
     # float32 on both engines, so that parity between them is a matter of code, not of rounding
     config = Config.from_env(vllm_enabled=True, dtype="float32", max_prompts_per_request=16, max_body_bytes=64 * 1024)
     app = create_app(config)
-    assert app.extensions["engines"]["static"].wait_ready(120), app.extensions["engines"]["static"].health()
+    assert app_state(app).engines["static"].wait_ready(120), app_state(app).engines["static"].health()
     app.config["FIRST_STATIC_ANSWER"] = _first_static_answer(app)
     yield app
     shutdown(app)
@@ -46,7 +47,7 @@ def _first_static_answer(app) -> dict:
     """A /generate sent as soon as the static engine is ready, while vLLM is still starting (it
     takes 15-60 s more): what it answered and vLLM's state at that moment. Recorded here, at the
     real start of the session's app, for test_startup.py."""
-    vllm = app.extensions["engines"]["vllm"]
+    vllm = app_state(app).engines["vllm"]
     phase_before = vllm.phase
     reply = app.test_client().post("/generate", json={"prompts": ["The capital of France is"], "max_tokens": 4})
     return {"status": reply.status_code, "json": reply.json, "vllm_before": phase_before, "vllm_after": vllm.phase}
@@ -59,7 +60,7 @@ def client(app):
 
 @pytest.fixture(scope="session")
 def vllm_app(app):
-    engine = app.extensions["engines"]["vllm"]
+    engine = app_state(app).engines["vllm"]
     assert engine.wait_ready(600), f"vLLM engine did not start: {engine.health()}"
     return app
 

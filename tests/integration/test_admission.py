@@ -11,6 +11,7 @@ import threading
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from service.http.state import app_state
 from tests.helpers import wait_until
 from tests.helpers.apps import post, prompts_counted, static_app
 
@@ -42,7 +43,7 @@ def backlog(request, backlog_app):
     CPU, far past the tests' 200 ms; 8 tokens, not more, since the backlog runs out after each
     test). Yields the engine; the backlog is answered (200) when the test lets go."""
     app = backlog_app
-    engine = app.extensions["engines"]["static"]
+    engine = app_state(app).engines["static"]
     # measured first, widths 1 and 4 (the held round below must not be the first measurement)
     for width in (1, 4):
         reply = post(app.test_client(), "/generate", {"prompts": ["Warm"] * width, "max_tokens": 4})
@@ -135,7 +136,7 @@ def test_the_same_request_with_a_generous_deadline_waits_and_is_answered(backlog
 def test_no_deadline_but_past_request_timeout_is_429_not_a_504_later(backlog_app, backlog):
     # its own app's REQUEST_TIMEOUT_S lowered now that the backlog is queued (which it would have refused)
     app = backlog_app
-    app.config["SERVICE"] = dataclasses.replace(app.config["SERVICE"], request_timeout_s=0.5)
+    app_state(app).config = dataclasses.replace(app_state(app).config, request_timeout_s=0.5)
     r = post(app.test_client(), "/generate", {"prompts": ["Too late"], "max_tokens": 8})  # the backlog takes seconds
     assert r.status_code == 429 and r.json["type"] == "wait_too_long"
     assert "REQUEST_TIMEOUT_S" in r.json["error"] and r.json["predicted"]["total_ms"] > 500

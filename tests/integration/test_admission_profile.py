@@ -12,6 +12,7 @@ import threading
 import pytest
 
 from batcher.profile import store
+from service.http.state import app_state
 from tests.helpers import wait_until
 from tests.helpers.apps import post, prompts_counted, static_app
 
@@ -44,7 +45,7 @@ def test_an_idle_engine_refuses_at_once_what_cannot_finish_in_request_timeout_s(
         client = app.test_client()
         assert post(client, "/generate", {"prompts": ["Warm"] * 4, "max_tokens": 10}).status_code == 200
         # lowered only now: a cold first round took 8 s here on a busy CPU
-        app.config["SERVICE"] = dataclasses.replace(app.config["SERVICE"], request_timeout_s=8)  # its own app
+        app_state(app).config = dataclasses.replace(app_state(app).config, request_timeout_s=8)  # its own app
         predicted = client.get("/load?prompts=64&max_tokens=100").json["engines"]["static"]
         assert predicted["total_ms"] > 8000
         counted = prompts_counted(app, "static")
@@ -64,7 +65,7 @@ def test_a_fresh_engine_with_a_profile_admits_an_ordinary_burst_before_it_has_me
     # issue 50: across a rolling restart, 16 clients of 1-4 prompts x 6 tokens got 241 of 400
     # answered 429 "has not measured steps at this load yet": a fresh worker took 4 rounds
     with profiled_app(tmp_path, model_path, True) as app:
-        engine, sizes = app.extensions["engines"]["static"], [i % 4 + 1 for i in range(16)]  # 40 prompts
+        engine, sizes = app_state(app).engines["static"], [i % 4 + 1 for i in range(16)]  # 40 prompts
         held_rounds = request.getfixturevalue("held_rounds")  # no round ends, so nothing is measured
         replies: dict[int, object] = {}
 

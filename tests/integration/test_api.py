@@ -7,6 +7,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from service import shutdown
+from service.http.state import app_state
 from tests.helpers import wait_until
 from tests.helpers.apps import enqueued, post, static_app
 
@@ -47,7 +48,7 @@ def test_basic_generate_runs_one_prompt_as_a_batch_of_one(client):
 
 
 def test_basic_generate_never_shares_a_round_under_concurrent_generate_load(app, held_rounds):
-    engine, replies, threads = app.extensions["engines"]["static"], {}, []
+    engine, replies, threads = app_state(app).engines["static"], {}, []
 
     def send(name, path, body):
         def ask():
@@ -143,10 +144,10 @@ def test_a_deadline_passed_answers_504_and_leaves_nothing_behind(short_timeout_a
     app, client = short_timeout_app, short_timeout_app.test_client()
     r = post(client, "/generate", {"prompts": ["Tell me a long story about"] * 6, "max_tokens": 200})
     assert r.status_code == 504 and r.json["type"] == "deadline_exceeded"
-    engine = app.extensions["engines"]["static"]
+    engine = app_state(app).engines["static"]
     held_rounds()  # the round runs its cancelled sequences for one step; the queued ones are skipped
     wait_until(lambda: engine.inflight() == 0, 60, "the timed-out sequences to be dropped")
-    app.config["SERVICE"] = dataclasses.replace(app.config["SERVICE"], request_timeout_s=120)  # its own app
+    app_state(app).config = dataclasses.replace(app_state(app).config, request_timeout_s=120)  # its own app
     assert post(client, "/generate", PARIS).status_code == 200  # the model thread lives on
 
 
@@ -185,7 +186,7 @@ def tiny_queue_app():
 
 
 def test_a_request_the_queue_could_never_hold_is_a_400_naming_both_sizes(tiny_queue_app):
-    engine = tiny_queue_app.extensions["engines"]["static"]
+    engine = app_state(tiny_queue_app).engines["static"]
     r = post(tiny_queue_app.test_client(), "/generate", {"prompts": ["a", "b", "c", "d"]})
     assert r.status_code == 400 and r.json["type"] == "request_too_large", r.json  # no retry could fit it
     assert "4 sequences" in r.json["error"] and "at most 3" in r.json["error"] and "Retry-After" not in r.headers
@@ -195,7 +196,7 @@ def test_a_request_the_queue_could_never_hold_is_a_400_naming_both_sizes(tiny_qu
 
 
 def test_a_full_queue_answers_429_with_retry_after_and_enqueues_nothing(tiny_queue_app, held_rounds):
-    engine, replies = tiny_queue_app.extensions["engines"]["static"], []
+    engine, replies = app_state(tiny_queue_app).engines["static"], []
 
     def send(body):
         t = threading.Thread(target=lambda: replies.append(post(tiny_queue_app.test_client(), "/generate", body)))

@@ -3,6 +3,7 @@ OpenAI routes' `batching` extension, on both engines, with the real app and mode
 
 import threading
 
+from service.http.state import app_state
 from tests.helpers import wait_until
 from tests.helpers.apps import post
 
@@ -10,7 +11,7 @@ SHORT, LONG = "Hi", "Tell me, in many more words than the other prompt has, abou
 
 
 def test_a_static_row_that_ends_first_sits_finished_and_pays_the_rounds_padding(app, held_rounds):
-    engine, replies = app.extensions["engines"]["static"], {}
+    engine, replies = app_state(app).engines["static"], {}
 
     def send(name, body):
         def ask():

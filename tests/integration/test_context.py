@@ -7,6 +7,7 @@ import json
 import pytest
 
 from service import context_length
+from service.http.state import app_state
 from service.openai import chat
 from service.plan import Served
 from tests.helpers import MODEL
@@ -22,7 +23,7 @@ def post(client, path, body):
 
 
 def tokens(app, text: str) -> list[int]:
-    return app.extensions["tokenizer"]()(text)["input_ids"]
+    return app_state(app).tokenizer(text)["input_ids"]
 
 
 @ENGINES
@@ -95,7 +96,7 @@ def test_a_bad_truncate_prompt_tokens_is_a_400_naming_it(vllm_client, value, why
 
 def test_a_cut_chat_prompt_keeps_its_templates_head(vllm_app):
     messages = [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": LONG + " Hi?"}]
-    config, tokenizer = vllm_app.config["SERVICE"], vllm_app.extensions["tokenizer"]()
+    config, tokenizer = app_state(vllm_app).config, app_state(vllm_app).tokenizer
     served = Served(config, tokenizer)  # what a view hands down: no request context needed
     rendered, head = chat.render(served, messages), chat.head(served, messages)
     [ids] = context_length.fit(

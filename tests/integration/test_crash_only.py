@@ -20,6 +20,7 @@ from batcher.sequence import Sequence
 from deploy.starts import FailedStarts
 from service import begin_shutdown, create_app, shutdown
 from service.config import Config
+from service.http.state import app_state
 from tests.helpers import wait_until
 
 
@@ -89,7 +90,7 @@ def test_an_idle_engine_is_never_stalled(engine):
 def test_the_app_answers_503_naming_the_dead_engine_and_health_says_failed():
     app = create_app(Config.from_env(vllm_enabled=False, dtype="float32", static_compile="0"))
     try:
-        assert app.extensions["engines"]["static"].wait_ready(120)
+        assert app_state(app).engines["static"].wait_ready(120)
         client = app.test_client()
         failpoints.arm("static.round", "raise")
         died = client.post("/generate", json={"prompts": ["Hi"], "max_tokens": 2})
@@ -102,7 +103,7 @@ def test_the_app_answers_503_naming_the_dead_engine_and_health_says_failed():
         assert health.status_code == 503 and health.json["status"] == "failed"
         assert list(health.json["failed"]) == ["static"] and "InjectedFault" in health.json["failed"]["static"]
         begin_shutdown(app)
-        assert app.extensions["engines"]["static"].wait_drained(0)
+        assert app_state(app).engines["static"].wait_drained(0)
     finally:
         shutdown(app, timeout=10)
 
@@ -141,7 +142,7 @@ def test_an_app_whose_vllm_failed_to_load_says_failed_and_reports_the_failed_sta
     failpoints.arm("vllm.load", "raise")  # before vLLM is even imported: the test stays cheap
     app = create_app(config)
     try:
-        engines = app.extensions["engines"]
+        engines = app_state(app).engines
         starts.watch(engines)
         assert engines["static"].wait_ready(120) and not engines["vllm"].wait_ready(120)
         health = app.test_client().get("/health")
@@ -154,8 +155,8 @@ def test_an_app_whose_vllm_failed_to_load_says_failed_and_reports_the_failed_sta
     failpoints.disarm()
     app = create_app(Config.from_env(vllm_enabled=False, dtype="float32", static_compile="0"))  # a start that succeeds
     try:
-        starts.watch(app.extensions["engines"])
-        assert app.extensions["engines"]["static"].wait_ready(120)
+        starts.watch(app_state(app).engines)
+        assert app_state(app).engines["static"].wait_ready(120)
         report = tmp_path / str(os.getpid())
         wait_until(report.exists, 30, "the ready start reported")
     finally:

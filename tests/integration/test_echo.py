@@ -10,6 +10,7 @@ import json
 import pytest
 import torch
 
+from service.http.state import app_state
 from tests.helpers import BASES, PARIS
 from tests.helpers.apps import enqueued
 
@@ -28,7 +29,7 @@ def post(vllm_client):
 
 @pytest.fixture(scope="module")
 def tokenizer(vllm_app):
-    return vllm_app.extensions["tokenizer"]()
+    return app_state(vllm_app).tokenizer
 
 
 def ok(reply) -> dict:
@@ -189,7 +190,7 @@ def test_a_bad_prompt_is_a_400_naming_it_and_nothing_runs(vllm_app, post, base, 
     assert reply.status_code == 400, reply.json
     assert reply.json["error"]["param"] == "prompt" and why in reply.json["error"]["message"], reply.json
     assert enqueued(vllm_app) == before  # nothing reached an engine
-    assert all(engine.status == "ready" for engine in vllm_app.extensions["engines"].values())
+    assert all(engine.status == "ready" for engine in app_state(vllm_app).engines.values())
 
 
 @BASES

@@ -15,6 +15,7 @@ from batcher.errors import RowFailed
 from batcher.sampling import SamplingParams
 from batcher.sequence import Sequence, Status
 from batcher.static import rows as rows_module
+from service.http.state import app_state
 from tests.helpers import wait_until
 from tests.helpers.workers import GATE, submit, wait
 
@@ -98,7 +99,7 @@ def test_a_row_whose_grammar_matcher_raises_fails_alone(worker, runner, runner_f
 def four_in_one_round(app, held_rounds, bad_body: dict, path: str = "/generate") -> tuple:
     """A bad request and three good ones sent while a round is held, so that all that reach the
     queue share the next round; returns (the bad reply, the good replies, the engine)."""
-    engine, replies, threads = app.extensions["engines"]["static"], {}, []
+    engine, replies, threads = app_state(app).engines["static"], {}, []
 
     def send(name, body, where="/generate"):
         def ask():

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from service.http.state import app_state
 from tests.helpers.apps import over_http
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -181,7 +182,7 @@ def test_the_startup_probe_waits_for_vllm_as_well(served_app, vllm_app, monkeypa
     """It passes once vLLM is ready, and fails while /health alone answers 200 with vLLM loading."""
     command = server_container(rendered("cpu"))["startupProbe"]["exec"]["command"]
     assert run_probe(command, served_app) == 0
-    vllm = vllm_app.extensions["engines"]["vllm"]
+    vllm = app_state(vllm_app).engines["vllm"]
     monkeypatch.setattr(vllm, "health", lambda: {**type(vllm).health(vllm), "status": "loading"})
     assert vllm_app.test_client().get("/health").status_code == 200
     assert run_probe(command, served_app) == 1

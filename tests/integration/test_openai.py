@@ -8,6 +8,7 @@ import httpx
 import openai
 import pytest
 
+from service.http.state import app_state
 from tests.helpers import BASES, MODEL, PARIS
 from tests.helpers.apps import own_app
 
@@ -34,7 +35,7 @@ def test_a_failed_round_is_a_500_and_a_hopeless_deadline_a_429_as_the_sdks_excep
     def broken(*args, **kwargs):
         raise RuntimeError("the accelerator caught fire")
 
-    engine = vllm_app.extensions["engines"]["vllm" if base == "/v1" else "static"]
+    engine = app_state(vllm_app).engines["vllm" if base == "/v1" else "static"]
     with monkeypatch.context() as patch:  # the engine's model call fails once the prompt runs
         if base == "/v1":
             patch.setattr(engine.engine, "step", broken)

@@ -15,6 +15,7 @@ from schemathesis.specs.openapi.definitions import OPENAPI_31
 from service import create_app
 from service.config import Config
 from service.demo import routes as demo
+from service.http.state import app_state
 from service.openai import routes as openai_api
 from service.openai import tokenize as tokenization
 from service.ops.openapi import document
@@ -71,18 +72,18 @@ def test_each_operation_documents_the_error_shape_its_routes_answer_in(doc):
 
 def test_the_bounds_that_are_settings_carry_this_apps_values(app, doc):
     props = doc["components"]["schemas"]["Generate"]["properties"]
-    config = app.config["SERVICE"]
+    config = app_state(app).config
     assert [b.get("maximum") for b in props["n"]["anyOf"]] == [3, None]  # MAX_N=3 here
     assert props["max_tokens"]["anyOf"][0]["maximum"] == config.max_new_tokens_limit
     assert props["prompts"]["maxItems"] == config.max_prompts_per_request
     assert MARK not in json.dumps(doc)
     other = dataclasses.replace(config, max_n=5)
     with app.app_context():
-        app.config["SERVICE"] = other
+        app_state(app).config = other
         try:
             again = document(app)
         finally:
-            app.config["SERVICE"] = config
+            app_state(app).config = config
     assert again["components"]["schemas"]["Generate"]["properties"]["n"]["anyOf"][0]["maximum"] == 5
 
 

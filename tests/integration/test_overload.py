@@ -12,6 +12,7 @@ import pytest
 from service import GENERATE_BLUEPRINTS, create_app
 from service.config import Config
 from service.http.inflight import OTHER_ENDPOINTS
+from service.http.state import app_state
 from tests.helpers.apps import static_app
 
 CAP = 2  # the test client's app: two generate requests in flight, then 429
@@ -61,7 +62,7 @@ class HeldStream:
 
 
 def test_past_the_cap_every_prompt_route_is_refused_at_once_and_the_probes_answer(gated):
-    client, model = gated.test_client(), gated.config["SERVICE"].model_name
+    client, model = gated.test_client(), app_state(gated).config.model_name
     short = {"max_tokens": 8}  # a stream holds its slot until it is closed, read or not, finished or not
     held = [
         HeldStream(gated, "/generate_stream", {"prompt": "Tell me a long story", **short}),
@@ -84,7 +85,7 @@ def test_past_the_cap_every_prompt_route_is_refused_at_once_and_the_probes_answe
             assert client.get(probe).status_code == 200, probe
         tokenized = client.post("/static/tokenize", json={"model": model, "prompt": "a"})
         assert tokenized.status_code == 429  # a chat to render holds a thread too: gated
-        gate = gated.extensions["inflight"]
+        gate = app_state(gated).inflight
         assert gate.held == CAP  # a refusal takes no slot
 
         held.pop().close()
@@ -94,13 +95,13 @@ def test_past_the_cap_every_prompt_route_is_refused_at_once_and_the_probes_answe
     finally:
         for h in held:
             h.close()
-    assert gated.extensions["inflight"].held == 0
+    assert app_state(gated).inflight.held == 0
 
 
 def test_a_wrong_or_missing_key_is_a_401_even_while_the_cap_is_full():
     """No retry makes a request without the key succeed, so it is never told to retry (429)."""
     app = create_app(Config(vllm_enabled=False, api_key="the-key", max_inflight_requests=1, threads=4), start=False)
-    client, held = app.test_client(), app.extensions["inflight"].try_enter()  # the cap, full
+    client, held = app.test_client(), app_state(app).inflight.try_enter()  # the cap, full
     try:
         for path, openai in prompt_routes(app):
             for headers in ({}, {"Authorization": "Bearer not-the-key"}):
@@ -119,13 +120,13 @@ def test_a_wrong_or_missing_key_is_a_401_even_while_the_cap_is_full():
 def test_tokenize_counts_under_the_cap_as_the_generate_routes_do(path):
     """A 1,024-message chat to render holds a thread as a generation does: past the cap, 429."""
     app = create_app(Config(vllm_enabled=False, max_inflight_requests=1, threads=4), start=False)
-    held = app.extensions["inflight"].try_enter()  # the cap, full
+    held = app_state(app).inflight.try_enter()  # the cap, full
     try:
         r = app.test_client().post(path, json={"prompt": "Hi"})
         assert r.status_code == 429 and r.json["error"]["code"] == "too_busy", r.get_data(as_text=True)
     finally:
         held.release()
-    assert app.extensions["inflight"].held == 0
+    assert app_state(app).inflight.held == 0
 
 
 @pytest.mark.parametrize(
@@ -143,18 +144,18 @@ def test_tokenize_counts_under_the_cap_as_the_generate_routes_do(path):
 )
 def test_a_reply_or_an_error_gives_its_slot_back(gated, path, body, status):
     if "/v1/" in path:
-        body = {"model": gated.config["SERVICE"].model_name, **body}
+        body = {"model": app_state(gated).config.model_name, **body}
     r = gated.test_client().post(path, json=body, buffered=True)  # read to its end and closed, as a server does
     assert r.status_code == status, r.get_data(as_text=True)[:300]
-    assert gated.extensions["inflight"].held == 0
+    assert app_state(gated).inflight.held == 0
 
 
 @pytest.mark.parametrize("path", ["/generate_stream", "/static/v1/completions"])
 def test_a_stream_holds_its_slot_until_it_is_closed_after_its_first_event(gated, path):
-    gate = gated.extensions["inflight"]
+    gate = app_state(gated).inflight
     body = {"prompt": "Tell me a long story", **LONG}
     if path.startswith("/static/v1"):
-        body |= {"model": gated.config["SERVICE"].model_name, "stream": True}
+        body |= {"model": app_state(gated).config.model_name, "stream": True}
     r = gated.test_client().post(path, json=body, buffered=False)
     try:
         assert r.status_code == 200 and gate.held == 1  # the view has returned; the stream holds on

@@ -8,6 +8,7 @@ import pytest
 
 from service import begin_shutdown, create_app
 from service.config import Config
+from service.http.state import app_state
 from tests.helpers.apps import post, static_app
 
 
@@ -60,10 +61,10 @@ def test_the_browsers_own_favicon_request_is_a_204_not_a_404(client):
     ],
 )
 def test_bad_race_requests_get_a_clear_4xx_and_run_nothing(app, client, body, status):
-    rounds = app.extensions["engines"]["static"].rounds
+    rounds = app_state(app).engines["static"].rounds
     r = post(client, "/race", body)
     assert r.status_code == status and r.json["error"] and r.json["type"]
-    assert app.extensions["engines"]["static"].rounds == rounds
+    assert app_state(app).engines["static"].rounds == rounds
 
 
 @pytest.mark.parametrize("engine", ["static", "vllm"])
@@ -119,7 +120,7 @@ def static_only_app():
 
 
 def test_a_drain_ends_the_feed_with_an_error_per_open_row_in_the_requests_own_thread(static_only_app, held_rounds):
-    engine = static_only_app.extensions["engines"]["static"]
+    engine = app_state(static_only_app).engines["static"]
     threads_before = set(threading.enumerate())
     body = {"engine": "static", "prompts": ["a", "b", "c"], "max_tokens": 50, "ignore_eos": True}
     reply = static_only_app.test_client().post("/race", json=body, buffered=False)

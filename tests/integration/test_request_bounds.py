@@ -18,6 +18,7 @@ from batcher.grammar import StructuredSpec
 from service import create_app, shutdown, structured
 from service.config import Config
 from service.errors import InvalidRequest
+from service.http.state import app_state
 from service.protocol import limits, validate
 from service.protocol.chat import Chat
 from service.protocol.completion import Completion
@@ -36,7 +37,7 @@ def tool(i: int) -> dict:
 
 def cache_bytes(app) -> int:
     """What this process's grammar compiler (the one the app compiles with) holds now."""
-    return structured.compiler(app.config["SERVICE"]).get_cache_size_bytes()
+    return structured.compiler(app_state(app).config).get_cache_size_bytes()
 
 
 def fresh_regex() -> str:

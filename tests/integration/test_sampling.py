@@ -10,6 +10,7 @@ import pytest
 from batcher.sampling import SamplingParams
 from batcher.sequence import Sequence
 from service.generation import fan_out
+from service.http.state import app_state
 from tests.helpers.apps import post
 
 ENGINES = {"static": ("/generate", "/generate_stream"), "vllm": ("/generate_vllm", "/generate_vllm_stream")}
@@ -232,12 +233,12 @@ def test_bad_sampling_values_get_422_naming_the_field_and_enqueue_nothing(vllm_a
             pytest.skip("no vLLM twin of /basic_generate")
     r = post(vllm_app.test_client(), path, body)
     assert r.status_code == 422 and r.json["type"] == "invalid_request" and param in r.json["error"], r.json
-    assert all(eng.inflight() == 0 for eng in vllm_app.extensions["engines"].values())
+    assert all(eng.inflight() == 0 for eng in app_state(vllm_app).engines.values())
 
 
 def test_a_mixed_static_round_is_one_generate_call(app, caplog):
     """greedy, seeded sampling with logprobs, stop and n=2, all in one round: one round line."""
-    engine = app.extensions["engines"]["static"]
+    engine = app_state(app).engines["static"]
     seqs = [
         Sequence(PARIS, SamplingParams(max_tokens=8)),
         Sequence(STORY, SamplingParams(max_tokens=8, temperature=1.0, seed=3, logprobs=2)),

@@ -6,6 +6,7 @@ import threading
 import pytest
 
 from service import shutdown
+from service.http.state import app_state
 from tests.helpers import wait_until
 from tests.helpers.apps import post, static_app
 
@@ -71,7 +72,7 @@ def test_an_error_before_the_first_token_is_a_plain_json_error(short_timeout_app
     )
     assert r.status_code == 504 and r.json["type"] == "deadline_exceeded"
     held_rounds()
-    engine = short_timeout_app.extensions["engines"]["static"]
+    engine = app_state(short_timeout_app).engines["static"]
     wait_until(lambda: engine.inflight() == 0, 60, "the timed-out stream to be dropped")
 
 

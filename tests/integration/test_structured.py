@@ -17,6 +17,7 @@ from batcher.sampling import SamplingParams
 from batcher.sequence import Sequence
 from service import create_app, shutdown
 from service.config import Config
+from service.http.state import app_state
 from service.structured import cache_limit_bytes
 from tests.helpers import wait_until
 from tests.helpers.apps import post
@@ -30,13 +31,13 @@ LIMIT = cache_limit_bytes(Config())  # the grammar cache's cap, as the service s
 def static_app():
     """The static engine alone, in this process: the test holds its round fence."""
     app = create_app(Config.from_env(vllm_enabled=False, dtype="float32"))
-    assert app.extensions["engines"]["static"].wait_ready(120)
+    assert app_state(app).engines["static"].wait_ready(120)
     yield app
     shutdown(app)
 
 
 def test_a_mixed_static_round_answers_both_rows_in_one_generate_call(static_app):
-    engine, replies, threads = static_app.extensions["engines"]["static"], {}, []
+    engine, replies, threads = app_state(static_app).engines["static"], {}, []
     plain = {"prompts": ["The capital of France is"], "max_tokens": 12, "details": True}
     dated = {
         "prompts": ["When did the Berlin wall fall?"],

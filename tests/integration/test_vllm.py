@@ -6,6 +6,7 @@ import threading
 
 import pytest
 
+from service.http.state import app_state
 from tests.helpers import wait_until
 from tests.helpers.apps import own_app, post
 
@@ -77,7 +78,7 @@ def short_timeout_app(tmp_path):
 
 def test_a_timed_out_request_is_aborted_in_the_engine(short_timeout_app, monkeypatch):
     app, client = short_timeout_app, short_timeout_app.test_client()
-    engine, gate = app.extensions["engines"]["vllm"], threading.Event()
+    engine, gate = app_state(app).engines["vllm"], threading.Event()
     real_step = engine.engine.step
 
     def held_step():  # the real step, once the test lets it go
@@ -95,7 +96,7 @@ def test_a_timed_out_request_is_aborted_in_the_engine(short_timeout_app, monkeyp
     assert replies[0].status_code == 504 and replies[0].json["type"] == "deadline_exceeded"
     gate.set()
     wait_until(lambda: engine.unfinished() == 0 and engine.inflight() == 0, 60, "the engine to abort")
-    app.config["SERVICE"] = dataclasses.replace(app.config["SERVICE"], request_timeout_s=120)  # its own app
+    app_state(app).config = dataclasses.replace(app_state(app).config, request_timeout_s=120)  # its own app
     assert post(client, "/generate_vllm", {"prompts": ["Hi"], "max_tokens": 2}).status_code == 200
 
 
@@ -124,7 +125,7 @@ def test_ignore_eos_generates_exactly_max_tokens_on_both_paths(vllm_client):
 
 
 def test_an_abort_that_fails_is_logged_and_the_prompts_still_answered(vllm_app, vllm_client, monkeypatch, caplog):
-    engine = vllm_app.extensions["engines"]["vllm"]
+    engine = app_state(vllm_app).engines["vllm"]
     real_abort = engine.engine.abort_request
 
     def broken_step():
@@ -152,7 +153,7 @@ def test_health_shows_each_engines_resolved_settings_and_the_same_counts(vllm_ap
     # the session's app sets DTYPE, and conftest's PINNED the eager knobs: no profile is read
     assert static["reason"] == vllm["reason"] == "set explicitly"
     assert "auto" not in [*static.values(), *vllm.values()]  # resolved, once, at create_app
-    runner = vllm_app.extensions["engines"]["static"].runner
+    runner = app_state(vllm_app).engines["static"].runner
     assert (runner.device, str(runner.dtype), runner.compiles) == (
         static["device"],
         f"torch.{static['dtype']}",
@@ -171,7 +172,7 @@ def test_the_profile_measures_the_vllm_config_the_service_runs(vllm_app):
     from vllm import EngineArgs
     from vllm.usage.usage_lib import UsageContext
 
-    settings = dataclasses.replace(vllm_app.extensions["engines"]["vllm"].settings, enforce_eager=False)
+    settings = dataclasses.replace(app_state(vllm_app).engines["vllm"].settings, enforce_eager=False)
     profile, service = (
         EngineArgs(**settings.engine_args()).create_engine_config(usage)
         for usage in (UsageContext.LLM_CLASS, UsageContext.ENGINE_CONTEXT)
