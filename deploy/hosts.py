@@ -29,7 +29,7 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 
-from deploy.cluster import Settings
+from deploy.settings import Settings
 
 SUBNET = ipaddress.ip_network("10.241.0.0/24")
 BLOCK_PREFIX = 28  # one block per set of hosts: this machine's end and up to 13 hosts

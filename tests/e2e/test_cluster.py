@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from deploy.cluster import NEXT_UPSTREAM_TRIES
+from deploy.render import NEXT_UPSTREAM_TRIES
 from deploy.server import free_port_run
 from tests.helpers import wait_until
 from tests.helpers.traffic import MAX_TOKENS, PROMPTS, sse_events

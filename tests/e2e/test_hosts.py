@@ -20,7 +20,9 @@ import pytest
 import requests
 
 from deploy import cluster, hosts
-from deploy.cluster import Settings, find_tool, healthy
+from deploy.rolling_restart import healthy, rolling_restart
+from deploy.settings import Settings
+from deploy.tools import find_tool
 from tests.helpers import wait_until
 from tests.helpers.traffic import MAX_TOKENS, PROMPTS, sse_events
 
@@ -237,7 +239,7 @@ def test_a_rolling_restart_across_hosts_loses_nothing(hosts_cluster):
         try:
             assert load.running.wait(300)
             started = time.monotonic()
-            restart["per_replica"] = cluster.rolling_restart(c.settings.run_dir, HEALTH_TIMEOUT_S)
+            restart["per_replica"] = rolling_restart(c.settings.run_dir, HEALTH_TIMEOUT_S)
             restart["seconds"] = time.monotonic() - started
         finally:
             load.restart_done.set()

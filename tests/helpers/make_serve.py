@@ -15,8 +15,8 @@ from pathlib import Path
 
 import requests
 
-from deploy.cluster import find_tool
 from deploy.server import ROOT, free_port_run
+from deploy.tools import find_tool
 
 
 def listening(port: int) -> bool:

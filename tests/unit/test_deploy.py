@@ -15,6 +15,11 @@ from types import SimpleNamespace
 import pytest
 
 from deploy import cluster
+from deploy.listen import is_loopback
+from deploy.render import render
+from deploy.rolling_restart import rolling_restart
+from deploy.settings import Settings
+from deploy.tools import find_tool
 from service.config import Config
 
 NGINX = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin")
@@ -29,8 +34,8 @@ def rendered(tmp_path, monkeypatch):
     monkeypatch.setenv("REQUEST_TIMEOUT_S", "200")
     monkeypatch.setenv("ACCEL", "gpu")
     monkeypatch.setenv("REPLICA_PRELOAD", "/lib/a%b.so")
-    settings = cluster.Settings.from_env()
-    cluster.render(settings)
+    settings = Settings.from_env()
+    render(settings)
     return settings
 
 
@@ -58,9 +63,9 @@ def test_nginx_accepts_the_rendered_config_as_an_unprivileged_foreground_process
 
 def test_a_restarting_replica_is_marked_down_and_the_settings_are_kept_for_the_restart(rendered):
     rendered.save()
-    again = cluster.Settings.load(rendered.run_dir)
+    again = Settings.load(rendered.run_dir)
     assert again == rendered
-    cluster.render(again, down=2)
+    render(again, down=2)
     text = (rendered.run_dir / "nginx.conf").read_text()
     assert "server 127.0.0.1:9102 max_fails=3 fail_timeout=5s down;" in text
     # its probe server too (the ports after the replicas': 9104-9106), out of the probes' upstream
@@ -77,9 +82,9 @@ def test_each_replica_binds_is_reached_and_runs_where_its_settings_place_it(rend
         replica_hosts=("10.9.0.2", "10.9.0.3", "0.0.0.0"),
         prefixes={"nginx": "ip netns exec lb", "replica1": "ip netns exec h1", "replica2": "ip netns exec h2"},
     )
-    cluster.render(placed, down=2)
+    render(placed, down=2)
     placed.save()
-    assert cluster.Settings.load(placed.run_dir) == placed
+    assert Settings.load(placed.run_dir) == placed
     nginx = (placed.run_dir / "nginx.conf").read_text()
     assert (
         "server 10.9.0.2:9101 max_fails=" in nginx and "server 10.9.0.3:9102 max_fails=3 fail_timeout=5s down;" in nginx
@@ -87,14 +92,14 @@ def test_each_replica_binds_is_reached_and_runs_where_its_settings_place_it(rend
     assert "server 127.0.0.1:9103 max_fails=" in nginx  # a wildcard is reached on loopback
     parser = configparser.RawConfigParser(inline_comment_prefixes=(";",))
     parser.read(placed.run_dir / "supervisord.conf")
-    assert parser.get("program:nginx", "command").startswith(f"ip netns exec lb {cluster.find_tool('nginx')} -c ")
+    assert parser.get("program:nginx", "command").startswith(f"ip netns exec lb {find_tool('nginx')} -c ")
     for i, (host, prefix) in enumerate(
         [("10.9.0.2", "ip netns exec h1 "), ("10.9.0.3", "ip netns exec h2 "), ("0.0.0.0", "")], 1
     ):
         section = f"program:replica{i}"
         assert f'HOST="{host}"' in parser.get(section, "environment")
         command = parser.get(section, "command")
-        assert command.startswith(f"{prefix}{cluster.find_tool('gunicorn')} -c gunicorn.conf.py"), command
+        assert command.startswith(f"{prefix}{find_tool('gunicorn')} -c gunicorn.conf.py"), command
     with pytest.raises(ValueError, match="replica_hosts"):
         dataclasses.replace(rendered, replica_hosts=("10.9.0.2",))
     with pytest.raises(ValueError, match="replica4"):
@@ -120,14 +125,14 @@ def test_supervisord_runs_nginx_and_one_program_per_replica_in_one_group(rendere
 def test_a_rolling_restart_without_a_cluster_says_so(tmp_path, monkeypatch):
     monkeypatch.setenv("CLUSTER_DIR", str(tmp_path / "none"))
     with pytest.raises(SystemExit, match="no cluster at"):
-        cluster.rolling_restart(tmp_path / "none", health_timeout_s=1)
+        rolling_restart(tmp_path / "none", health_timeout_s=1)
 
 
 @pytest.mark.parametrize("replicas", ["0", "-1"])
 def test_bad_replica_counts_are_refused(monkeypatch, replicas):
     monkeypatch.setenv("REPLICAS", replicas)
     with pytest.raises(ValueError, match="REPLICAS"):
-        cluster.Settings.from_env()
+        Settings.from_env()
 
 
 def test_tensor_parallel_size_must_be_positive():
@@ -143,7 +148,7 @@ def test_serve_is_one_replica_on_loopback_behind_nginx_with_its_log_on_the_termi
         monkeypatch.setenv(key, value)
     execs = []
     monkeypatch.setattr(cluster.os, "execv", lambda path, argv: execs.append(argv))
-    cluster.serve(cluster.Settings.from_env())
+    cluster.serve(Settings.from_env())
     assert execs and execs[0][0].endswith("supervisord")  # the cluster's launcher, one replica
     nginx, supervisord = (tmp_path / "nginx.conf").read_text(), (tmp_path / "supervisord.conf").read_text()
     assert "listen 0.0.0.0:9200;" in nginx and "server 127.0.0.1:9201 max_fails=" in nginx and ":9203" not in nginx
@@ -151,20 +156,20 @@ def test_serve_is_one_replica_on_loopback_behind_nginx_with_its_log_on_the_termi
     assert "server 127.0.0.1:9202 max_fails=" in probes[: probes.index("}")] and 'PROBE_PORT="9202"' in supervisord
     assert "client_header_timeout 30s;" in nginx and "client_body_timeout 30s;" in nginx
     assert 'HOST="127.0.0.1"' in supervisord and "stdout_logfile=/dev/stdout" in supervisord
-    assert cluster.Settings.load(tmp_path).replica_host == "127.0.0.1"  # a rolling restart renders the same
+    assert Settings.load(tmp_path).replica_host == "127.0.0.1"  # a rolling restart renders the same
 
 
 def test_serve_without_nginx_warns_and_runs_plain_gunicorn_on_host_and_port(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("PORT", "9300")
     monkeypatch.setenv("HOST", "0.0.0.0")
     monkeypatch.setenv("CLUSTER_DIR", str(tmp_path))
-    real = cluster.find_tool
+    real = find_tool
     monkeypatch.setattr(cluster, "find_tool", lambda name: None if name == "nginx" else real(name))
     monkeypatch.setattr(cluster.os, "chdir", lambda path: None)
     execs = []
     monkeypatch.setattr(cluster.os, "execve", lambda path, argv, env: execs.append((argv, env)))
     with caplog.at_level("WARNING", logger="deploy.serve"):
-        cluster.serve(cluster.Settings.from_env())
+        cluster.serve(Settings.from_env())
     ((argv, env),) = execs
     assert argv[0].endswith("gunicorn") and argv[1:] == ["-c", "gunicorn.conf.py", "wsgi:app"]
     assert env["HOST"] == "0.0.0.0" and env["PORT"] == "9300"
@@ -182,21 +187,21 @@ GUNICORN_CONF = Path(__file__).resolve().parents[2] / "gunicorn.conf.py"
     + [("0.0.0.0", False), ("::", False), ("10.0.0.12", False), ("example.com", False)],
 )
 def test_loopback_is_127_0_0_0_8_ipv6s_one_and_localhost(host, loopback):
-    assert cluster.is_loopback(host) is loopback
+    assert is_loopback(host) is loopback
 
 
 def test_cluster_and_replicas_bind_loopback_unless_host_says_otherwise(tmp_path, monkeypatch):
     monkeypatch.setenv("CLUSTER_DIR", str(tmp_path))
     for name in ("HOST", "REPLICA_HOST"):
         monkeypatch.delenv(name, raising=False)
-    s = cluster.Settings.from_env()
+    s = Settings.from_env()
     assert (s.host, s.replica_at(1)) == ("127.0.0.1", ("127.0.0.1", "127.0.0.1"))
     monkeypatch.setenv("HOST", "")  # what `make cluster` passes when HOST is not given
-    assert cluster.Settings.from_env().host == "127.0.0.1"
+    assert Settings.from_env().host == "127.0.0.1"
     monkeypatch.setenv("HOST", "0.0.0.0")  # nginx on every interface; the replicas stay on loopback
-    assert (cluster.Settings.from_env().host, cluster.Settings.from_env().replica_host) == ("0.0.0.0", "127.0.0.1")
+    assert (Settings.from_env().host, Settings.from_env().replica_host) == ("0.0.0.0", "127.0.0.1")
     monkeypatch.setenv("REPLICA_HOST", "0.0.0.0")  # asked for: e.g. /metrics scraped from another machine
-    s = cluster.Settings.from_env()
+    s = Settings.from_env()
     assert s.replica_at(2) == ("0.0.0.0", "127.0.0.1")
 
 
@@ -213,7 +218,7 @@ def test_the_cluster_warns_when_nginx_listens_beyond_loopback_without_an_api_key
         monkeypatch.setenv(key, value) if value is not None else monkeypatch.delenv(key, raising=False)
     monkeypatch.setattr(cluster.os, "execv", lambda path, argv: None)
     with caplog.at_level("WARNING", logger="deploy.cluster"):
-        cluster.run(cluster.Settings.from_env())
+        cluster.run(Settings.from_env())
     assert ("beyond loopback, with no API_KEY" in caplog.text) is warned, caplog.text
     if warned:
         assert "nginx listens on 0.0.0.0:9400" in caplog.text
