@@ -137,9 +137,10 @@ def post_fork(server, worker):
     """In the worker, before it loads the app: with a probe server, start publishing to it
     ("starting" until post_worker_init attaches the app)."""
     if os.environ.get("PROBE_DIR"):
+        from deploy.probe import HEALTH, METRICS
         from service.ops.beacon import Beacon
 
-        worker.beacon = Beacon(os.environ["PROBE_DIR"]).start()
+        worker.beacon = Beacon(os.environ["PROBE_DIR"], HEALTH, METRICS).start()
 
 
 def post_worker_init(worker):
@@ -169,7 +170,8 @@ def post_worker_init(worker):
 
     beacon = getattr(worker, "beacon", None)
     if beacon is not None:  # the probe port answers what the worker's /health would
-        from service.ops.routes import health_reply, metrics_text
+        from service.ops.health import health_reply
+        from service.ops.routes import metrics_text
 
         state = app_state(app)
         config, engines, registry = state.config, state.engines, state.metrics.registry
@@ -185,7 +187,7 @@ def post_worker_init(worker):
     signal.signal(signal.SIGTERM, on_sigterm)
 
     def leave(engine: str, error: str) -> None:
-        """Crash-only (batcher/engine.py): an engine that died or failed to load leaves the process
+        """Crash-only (batcher/watchdog.py): an engine that died or failed to load leaves the process
         no good, so the worker drains what the other engine holds and exits, the way SIGTERM
         does, and gunicorn's master starts a fresh worker (or stops: deploy/starts.py)."""
         worker.log.error("the %s engine failed (%s): this worker leaves; the master starts a fresh one", engine, error)

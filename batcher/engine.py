@@ -1,14 +1,7 @@
 """What both engines share: one thread that owns a model, an inbox (the workload: what is queued
-and what is taken), a lifecycle, and the request threads' side of it (submit all or nothing,
-wait until ready, drain, stop).
-
-Crash-only: an engine whose load raised, or whose thread dies (an exception its loop did not
-expect) or holds work and makes no progress for `settings.stall_s` (a step that never returns:
-the watchdog thread sees it), is failed for good. What it holds is answered 503 at once, new work
-is refused 503 naming the error, /health turns 503, and the callbacks given to `when_dead` run:
-under gunicorn the worker then leaves (gunicorn.conf.py), and its supervisor starts a fresh one,
-which loads again. Nothing is restarted in process: a thread stuck in a step cannot be taken
-back, and a fresh process is the one state known to be good."""
+and what is taken), a lifecycle, and the request threads' side of it. A request's way: `submit`
+adds its sequences, all or none, once `_admission` admits them; the engine thread serves them
+(`_serve`). Crash-only: its watchdog (batcher/watchdog.py) fails an engine that dies or stalls."""
 
 from __future__ import annotations
 
@@ -19,11 +12,12 @@ from collections.abc import Callable
 
 from batcher import admission
 from batcher.calibration import Calibration
-from batcher.errors import EngineDied, InvalidParams, NeverFits, ShuttingDown
+from batcher.errors import InvalidParams, NeverFits, ShuttingDown
 from batcher.lifecycle import Lifecycle
 from batcher.metrics import CacheState, Metrics
 from batcher.predict import Prediction, StaticCost, VLLMCost, Work
 from batcher.sequence import Sequence
+from batcher.watchdog import Watchdog
 from batcher.workload import Workload
 
 log = logging.getLogger(__name__)
@@ -43,55 +37,55 @@ class EngineThread:
         self.metrics = metrics or Metrics()
         self.metrics.watch(self.name, self.running, self.workload.qsize, self.kv_cache)
         self.lifecycle = Lifecycle(self.name, enabled=enabled, why_disabled=why_disabled)
+        self.watchdog = Watchdog(self.name, self.lifecycle, self.workload, settings.stall_s)
         self.load_seconds: float | None = None
         self.vocab_size: int | None = None  # set by _load(): token ids a request may name
         self.calibration = Calibration()  # how the cost model's last predictions came out (_finished)
         self._thread = threading.Thread(target=self._main, name=f"{self.name}-engine-thread", daemon=True)
-        self._watchdog = threading.Thread(target=self._watch, name=f"{self.name}-watchdog", daemon=True)
-        self._beat = time.monotonic()  # the engine thread's last sign of progress (_progressed)
-        self._on_death: list[Callable[[str, str], None]] = []
 
-    # the lifecycle's state, as the service and the tests read it
-    @property
-    def status(self) -> str:
-        return self.lifecycle.status
+    # --- what the service reads (its /health and /load bodies: service/ops/health.py) ----
+    status = property(lambda self: self.lifecycle.status)
+    phase = property(lambda self: self.lifecycle.phase)
+    error = property(lambda self: self.lifecycle.error)
+    ready = property(lambda self: self.lifecycle.ready)
+    draining = property(lambda self: self.lifecycle.draining)
+    held_at_drain = property(lambda self: self.lifecycle.held_at_drain)
+    abandoned = property(lambda self: self.lifecycle.abandoned)
 
-    @property
-    def phase(self) -> str:
-        return self.lifecycle.phase
+    def phase_seconds(self) -> dict[str, float]:
+        return dict(self.lifecycle.phase_seconds)  # each phase of the start so far
 
-    @property
-    def error(self) -> str | None:
-        return self.lifecycle.error
+    def queued(self) -> int:
+        return self.workload.qsize()  # sequences waiting, not yet taken
 
-    @property
-    def draining(self) -> bool:
-        return self.lifecycle.draining
+    def running(self) -> int:
+        return self.workload.running()  # taken from the queue, not yet resolved
 
-    @property
-    def held_at_drain(self) -> int:
-        return self.lifecycle.held_at_drain
+    def inflight(self) -> int:
+        return self.workload.inflight()  # queued or taken
 
-    @property
-    def abandoned(self) -> int:
-        return self.lifecycle.abandoned
+    def stalled_s(self) -> float:
+        """Seconds the engine has held work without progress (0 while idle): batcher/watchdog.py."""
+        return self.watchdog.stalled_s()
 
-    # --- request threads -----------------------------------------------------------------
+    def details(self) -> dict:
+        """What only this kind of engine has to show (its own counters), after the shared fields."""
+        return {}
+
+    def kv_cache(self) -> CacheState | None:
+        """(KV cache fraction in use, tokens per block, blocks) for /metrics' GIE gauges; None: not loaded."""
+        return None
+
+    # --- request threads: start, add, admit ----------------------------------------------
     def start(self):
         if self.lifecycle.status == "loading" and not self._thread.is_alive():
             self._thread.start()
-            self._watchdog.start()
+            self.watchdog.start()
         return self
 
     def when_dead(self, callback: Callable[[str, str], None]) -> None:
-        """`callback(engine name, error)` runs once when the engine fails: its load raised, or it
-        died after it was ready (in the thread that found it so); here, at once, if it already
-        has (a load can fail before the caller gets to ask)."""
-        with self.lifecycle.lock:  # the engine thread fails it under this lock, then reads the list
-            if self.lifecycle.phase != "failed":
-                self._on_death.append(callback)
-                return
-        callback(self.name, self.lifecycle.error)
+        """`callback(engine name, error)` runs once when the engine fails (Watchdog.when_dead)."""
+        self.watchdog.when_dead(callback)
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         self.lifecycle.settled.wait(timeout)
@@ -105,9 +99,9 @@ class EngineThread:
         self, seqs: list[Sequence], *, max_ttft_s: float | None = None, max_total_s: float | None = None
     ) -> Prediction:
         """Enqueue all of `seqs` or none (NeverFits, QueueFull, WaitTooLong: `_admission`); the
-        caller waits on each `seq.done`.
-        The prediction and the enqueue are one step under the lifecycle's lock, so two requests
-        never both count on the same free room. Returns the prediction (also on each sequence)."""
+        caller waits on each `seq.done`. The prediction and the enqueue are one step under the
+        lifecycle's lock, so two requests never both count on the same free room. Returns the
+        prediction (also on each sequence)."""
         with self.lifecycle.admitting():
             prediction = self._admission(seqs, max_ttft_s, max_total_s)
             for seq in seqs:
@@ -116,104 +110,11 @@ class EngineThread:
         self.metrics.prompts.labels(self.name).inc(len(seqs))
         return prediction
 
-    def predict(self, new: list[Work], *, alone: bool = False) -> Prediction:
-        """When `new` would start, see its first token and end if it were enqueued now: the cost
-        model's prediction, with the bound that how its last ones came out puts on it. Idle (or
-        `alone`: as if it were), each width at the faster of its clock and the machine profile's:
-        an idle engine may doubt what a slow spell taught its clocks, not this machine's speed."""
-        running = [] if alone else [admission.work(seq) for seq in self.workload.taken()]
-        queued = [] if alone else [admission.work(seq) for seq in self.workload.queued() if not seq.cancelled]
-        idle = not running and not queued
-        return self.calibration.apply(self.cost.predict(running, queued, new, fastest=idle))
-
-    def begin_drain(self) -> None:
-        """Refuse new work (ShuttingDown), let what is queued or taken finish. Non-blocking and
-        safe in a signal handler: a short lock, and it wakes the engine thread."""
-        self.lifecycle.begin_drain(self.inflight)
-        self.workload.wake()  # an idle engine thread looks again and finds itself drained
-
-    def wait_drained(self, timeout: float | None) -> bool:
-        """True once nothing is queued or taken (at once for an engine that is not ready)."""
-        return not self.lifecycle.ready or self.lifecycle.drained.wait(timeout)
-
-    def _check_token_ids(self, seqs: list[Sequence]) -> None:
-        """Token ids only the loaded model can judge; refused before anything is enqueued."""
-        if self.vocab_size is None:
-            return
-        for seq in seqs:
-            named = {"logit_bias": [t for t, _ in seq.params.logit_bias], "stop_token_ids": seq.params.stop_token_ids}
-            if not isinstance(seq.prompt, str):
-                named["prompt"] = seq.prompt
-            for param, ids in named.items():
-                self.check_token_ids(ids, param)
-
-    def check_token_ids(self, ids, param: str) -> None:
-        """InvalidParams naming `param` for an id the loaded model does not have (ids are >= 0:
-        the parser has checked that)."""
-        if self.vocab_size is None:
-            return
-        bad = [t for t in ids if t >= self.vocab_size]
-        if bad:
-            message = f"'{param}' names token id {bad[0]}, outside 0..{self.vocab_size - 1}"
-            raise InvalidParams(message, param=param)
-
-    def stop(self, timeout: float = 30.0) -> None:
-        """Take no more work, abandon what is taken, fail what waits (503), join the thread.
-        With timeout 0 it only starts the shutdown (safe in a signal handler). A dead engine's
-        thread is not waited for: it may be stuck for good."""
-        died = self.lifecycle.died
-        self.lifecycle.stop()
-        self._abandon()
-        self.workload.wake()
-        if self._thread.is_alive() and not died:
-            self._thread.join(timeout)
-
-    def kv_cache(self) -> CacheState | None:
-        """(fraction of the KV cache in use, tokens per block, blocks) for /metrics' GIE gauges;
-        None: nothing to say (not loaded)."""
-        return None
-
-    def running(self) -> int:
-        """Sequences the engine has taken from its queue and not yet resolved."""
-        return self.workload.running()
-
-    def inflight(self) -> int:
-        """Sequences queued or taken."""
-        return self.workload.inflight()
-
-    def load(self, prompts: int, max_tokens: int) -> dict:
-        """/load's entry: the prediction for `prompts` prompts of `max_tokens` tokens (null
-        fields when unknown or not ready) and the estimates it is made of."""
-        ready = self.lifecycle.ready
-        prediction = self.predict([Work(max_tokens)] * prompts) if ready else None
-        return {
-            "status": self.lifecycle.status,
-            "prompts": prompts,
-            "max_tokens": max_tokens,
-            **(prediction or Prediction(None, None, None, self.inflight())).shown(),
-            "estimates": {**self.cost.shown(), "calibration": self.calibration.shown()},
-        }
-
-    def health(self) -> dict:
-        return {
-            "status": self.lifecycle.status,
-            "error": self.lifecycle.error,
-            "load_seconds": self.load_seconds,
-            "phase": self.lifecycle.phase,
-            "phase_seconds": {k: round(v, 2) for k, v in self.lifecycle.phase_seconds.items()},
-            "queued": self.workload.qsize(),
-            "running": self.running(),
-            "inflight": self.inflight(),
-            "stalled_s": round(self.stalled_s(), 1),  # with work held, since the last progress
-            "settings": self.settings.shown(),
-        }
-
     def check_admission(
         self, seqs: list[Sequence], *, max_ttft_s: float | None = None, max_total_s: float | None = None
     ) -> Prediction:
-        """What `submit()` would raise for `seqs` now (ShuttingDown, NotReady, InvalidParams,
-        WaitTooLong), and its prediction, with nothing enqueued: a request thread asks before
-        work that only an admitted request needs (compiling its grammar). `submit()` decides."""
+        """What `submit()` would raise for `seqs` now, and its prediction, with nothing enqueued:
+        asked before work only an admitted request needs (its grammar). `submit()` decides."""
         with self.lifecycle.admitting():
             return self._admission(seqs, max_ttft_s, max_total_s)
 
@@ -242,12 +143,34 @@ class EngineThread:
         admission.within_limits(self.name, prediction, max_ttft_s, max_total_s, room - len(seqs))
         return prediction
 
-    # --- the engine thread ---------------------------------------------------------------
-    def _enter_phase(self, phase: str) -> None:
-        """Called from the engine thread as its start moves on (loading -> compiling)."""
-        if self.lifecycle.advance(phase):
-            log.info("%s engine: %s", self.name, phase)
+    def predict(self, new: list[Work], *, alone: bool = False) -> Prediction:
+        """When `new` would start, see its first token and end if it were enqueued now: the cost
+        model's prediction, with the bound that how its last ones came out puts on it. Idle (or
+        `alone`: as if it were), each width at the faster of its clock and the machine profile's:
+        an idle engine may doubt what a slow spell taught its clocks, not this machine's speed."""
+        running = [] if alone else [admission.work(seq) for seq in self.workload.taken()]
+        queued = [] if alone else [admission.work(seq) for seq in self.workload.queued() if not seq.cancelled]
+        idle = not running and not queued
+        return self.calibration.apply(self.cost.predict(running, queued, new, fastest=idle))
 
+    def _check_token_ids(self, seqs: list[Sequence]) -> None:
+        """Token ids only the loaded model can judge; refused before anything is enqueued."""
+        for seq in seqs:
+            self.check_token_ids([t for t, _ in seq.params.logit_bias], "logit_bias")
+            self.check_token_ids(seq.params.stop_token_ids, "stop_token_ids")
+            if not isinstance(seq.prompt, str):
+                self.check_token_ids(seq.prompt, "prompt")
+
+    def check_token_ids(self, ids, param: str) -> None:
+        """InvalidParams naming `param` for an id the loaded model lacks (ids are >= 0: parsed)."""
+        if self.vocab_size is None:
+            return
+        bad = [t for t in ids if t >= self.vocab_size]
+        if bad:
+            message = f"'{param}' names token id {bad[0]}, outside 0..{self.vocab_size - 1}"
+            raise InvalidParams(message, param=param)
+
+    # --- the engine thread: load, then serve ------------------------------------------------
     def _main(self) -> None:
         started = time.perf_counter()
         self.lifecycle.begin_loading()
@@ -257,7 +180,7 @@ class EngineThread:
             log.exception("%s engine failed to start", self.name)
             error = f"{type(exc).__name__}: {exc}"
             if self.lifecycle.advance("failed", error):  # not once stopped: the process leaves anyway
-                self._dead(error)
+                self.watchdog.dead(error)
             return
         self.load_seconds = time.perf_counter() - started
         if not self.lifecycle.advance("ready"):
@@ -268,63 +191,23 @@ class EngineThread:
             self._serve()
         except BaseException as exc:  # noqa: BLE001 - whatever ends the loop ends the engine
             log.exception("%s engine thread died", self.name)
-            self._die(f"the engine thread died: {type(exc).__name__}: {exc}")
+            self.watchdog.die(f"the engine thread died: {type(exc).__name__}: {exc}")
 
-    # --- crash-only: death, and the watchdog that finds a stall -------------------------------
+    def _enter_phase(self, phase: str) -> None:
+        """Called from the engine thread as its start moves on (loading -> compiling)."""
+        if self.lifecycle.advance(phase):
+            log.info("%s engine: %s", self.name, phase)
+
     def _progressed(self) -> None:
         """The engine thread made progress (a turn of its loop that did work, a step, a round)."""
-        self._beat = time.monotonic()
-
-    def stalled_s(self) -> float:
-        """Seconds the engine has held work without progress (0 while idle). Progress: the
-        engine thread's last beat, a token of any sequence it took; the oldest queued sequence's
-        arrival stands for the moment it last had nothing to do, so an engine that was idle for
-        an hour is not stalled the instant a request comes."""
-        taken, queued = self.workload.taken(), self.workload.queued()
-        if not taken and not queued:
-            return 0.0
-        signs = [self._beat, *(s.last_token_at or s.started_at or s.created_at for s in taken)]
-        signs += [s.created_at for s in queued[:1]]
-        return max(0.0, time.monotonic() - max(signs))
-
-    def _watch(self) -> None:
-        """The watchdog thread: fails a ready engine that holds work and makes no progress."""
-        every = min(1.0, self.settings.stall_s / 4)
-        while not self.lifecycle.stopping.wait(every):
-            if self.lifecycle.died:
-                return
-            stalled = self.stalled_s() if self.lifecycle.ready else 0.0
-            if stalled > self.settings.stall_s:
-                log.error("%s engine: no progress for %.1fs with work held", self.name, stalled)
-                self._die(f"no progress for {stalled:.0f}s (ENGINE_STALL_S {self.settings.stall_s:g})")
-
-    def _die(self, error: str) -> None:
-        """Failed for good: what is held answered 503 at once, the death callbacks run."""
-        if not self.lifecycle.die(error):
-            return
-        died = EngineDied(f"the {self.name} engine failed: {error}")
-        held = self.workload.taken() + self.workload.drain()
-        for seq in held:
-            self.workload.release(seq)
-            seq.fail(died)
-        log.error("%s engine failed: %s; %d sequences answered 503", self.name, error, len(held))
-        self._dead(error)
-
-    def _dead(self, error: str) -> None:
-        """Failed for good (at its load or later): the death callbacks run, each once."""
-        for callback in self._on_death:
-            try:
-                callback(self.name, error)
-            except Exception:
-                log.exception("%s engine: a death callback failed", self.name)
+        self.watchdog.beat()
 
     def _note_if_drained(self) -> None:
         """Engine thread, between rounds or steps."""
         self.lifecycle.note_drained(self.inflight)
 
     def _finished(self, seq: Sequence) -> None:
-        """Engine thread, after `seq.finish()`: the metrics of a sequence that ran, and how its
-        predicted first token came out."""
+        """Engine thread, after `seq.finish()`: its metrics if it ran; how its predicted first token came."""
         if seq.error is None and seq.finish_reason != "cancelled":
             self.metrics.finished(self.name, seq)
         if seq.predicted is not None and seq.ttft_s is not None:  # however it ended, its first token came
@@ -342,4 +225,26 @@ class EngineThread:
         raise NotImplementedError
 
     def _abandon(self) -> None:
-        pass
+        """What is taken, told to stop (by `stop()`); nothing to tell by default."""
+
+    # --- the end: drain, stop ------------------------------------------------------------
+    def begin_drain(self) -> None:
+        """Refuse new work (ShuttingDown), let what is queued or taken finish. Non-blocking and
+        safe in a signal handler: a short lock, and it wakes the engine thread."""
+        self.lifecycle.begin_drain(self.inflight)
+        self.workload.wake()  # an idle engine thread looks again and finds itself drained
+
+    def wait_drained(self, timeout: float | None) -> bool:
+        """True once nothing is queued or taken (at once for an engine that is not ready)."""
+        return not self.lifecycle.ready or self.lifecycle.drained.wait(timeout)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Take no more work, abandon what is taken, fail what waits (503), join the thread.
+        With timeout 0 it only starts the shutdown (safe in a signal handler). A dead engine's
+        thread is not waited for: it may be stuck for good."""
+        died = self.lifecycle.died
+        self.lifecycle.stop()
+        self._abandon()
+        self.workload.wake()
+        if self._thread.is_alive() and not died:
+            self._thread.join(timeout)

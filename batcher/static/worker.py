@@ -48,8 +48,8 @@ class StaticWorker(EngineThread):
         self.runner: Runner | None = None
         self.rounds = 0
 
-    def health(self) -> dict:
-        return {**super().health(), "rounds": self.rounds}
+    def details(self) -> dict:
+        return {"rounds": self.rounds}
 
     def kv_cache(self) -> tuple[float, None, None]:
         """Defined honestly: no paged cache, only the rows of one round (a left-padded batch of at

@@ -63,8 +63,8 @@ class VLLMWorker(EngineThread):
         """Requests the engine itself still holds (0 once everything was answered or aborted)."""
         return self.engine.get_num_unfinished_requests() if self.engine is not None else 0
 
-    def health(self) -> dict:
-        return {**super().health(), "steps": self.steps, "eager": self.settings.enforce_eager}
+    def details(self) -> dict:
+        return {"steps": self.steps, "eager": self.settings.enforce_eager}
 
     def kv_cache(self) -> tuple[float, int, int] | None:
         """vLLM's own KV cache, for /metrics: (fraction of its blocks in use, tokens per block,

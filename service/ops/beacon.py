@@ -1,10 +1,11 @@
 """The worker's side of the probe port: one thread that writes the /health reply and the metrics
-into a folder, for the probe server (deploy/probe.py, a process of its own) to answer from.
+into a folder, for the probe server (deploy/probe.py, a process of its own) to answer from, under
+the file names its caller gives (the probe server's: gunicorn.conf.py passes them).
 
 It writes /health's reply every HEALTH_EVERY_S and at once when told (`kick`: a drain began, an
 engine died), the metrics every METRICS_EVERY_S; each file whole, by a rename. It starts at the
 worker's fork, before the app loads, and says "starting" until `attach` hands it the app's
-replies. The reply is the worker's own /health (service/ops/routes.py `health_reply`): one body, two
+replies. The reply is the worker's own /health (service/ops/health.py `health_reply`): one body, two
 servers of it. A failure to write is logged and tried again; were the thread stuck, the probe
 server would see the state age and say so."""
 
@@ -17,8 +18,6 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-
-from deploy.probe import HEALTH, METRICS
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +37,11 @@ def _starting() -> tuple[dict, int]:
 
 
 class Beacon:
-    def __init__(self, folder: Path, *, clock: Callable[[], float] = time.time):
+    """Publishes into `folder`: the /health state as `health_file`, the metrics as `metrics_file`."""
+
+    def __init__(self, folder: Path, health_file: str, metrics_file: str, *, clock: Callable[[], float] = time.time):
         self.folder, self._clock = Path(folder), clock
+        self.health_file, self.metrics_file = health_file, metrics_file
         self._health: Callable[[], tuple[dict, int]] = _starting
         self._metrics: Callable[[], bytes] | None = None
         self._metrics_at = float("-inf")
@@ -73,13 +75,13 @@ class Beacon:
         try:
             now = self._clock()
             if self._metrics is not None and now - self._metrics_at >= METRICS_EVERY_S:
-                write_whole(self.folder / METRICS, self._metrics())
+                write_whole(self.folder / self.metrics_file, self._metrics())
                 self._metrics_at = now
         finally:
             body, code = self._health()
             metrics_at = self._metrics_at if self._metrics_at > float("-inf") else None
             state = {"at": self._clock(), "pid": os.getpid(), "code": code, "body": body, "metrics_at": metrics_at}
-            write_whole(self.folder / HEALTH, json.dumps(state).encode())
+            write_whole(self.folder / self.health_file, json.dumps(state).encode())
 
     def _run(self) -> None:
         failing = False

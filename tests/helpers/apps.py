@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from service import create_app, shutdown
 from service.config import Config
 from service.http.state import app_state
+from service.ops.health import engine_health
 
 
 @contextlib.contextmanager
@@ -27,9 +28,9 @@ def own_app(**settings) -> Iterator[Flask]:
     app = create_app(Config(**{"static_compile": "0", "vllm_enforce_eager": "1", **settings}))
     engines = app_state(app).engines
     try:
-        assert engines["static"].wait_ready(60), engines["static"].health()
+        assert engines["static"].wait_ready(60), engine_health(engines["static"])
         if app_state(app).config.vllm_enabled:
-            assert engines["vllm"].wait_ready(600), engines["vllm"].health()
+            assert engines["vllm"].wait_ready(600), engine_health(engines["vllm"])
         yield app
     finally:
         shutdown(app)

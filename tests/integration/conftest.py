@@ -15,6 +15,7 @@ from batcher.static.worker import StaticWorker
 from service import create_app, shutdown
 from service.config import Config
 from service.http.state import app_state
+from service.ops.health import engine_health
 from tests.helpers import pin_environment
 from tests.helpers.workers import InstrumentedRunner, static_settings
 
@@ -37,7 +38,7 @@ def app():
     # float32 on both engines, so that parity between them is a matter of code, not of rounding
     config = Config.from_env(vllm_enabled=True, dtype="float32", max_prompts_per_request=16, max_body_bytes=64 * 1024)
     app = create_app(config)
-    assert app_state(app).engines["static"].wait_ready(120), app_state(app).engines["static"].health()
+    assert app_state(app).engines["static"].wait_ready(120), engine_health(app_state(app).engines["static"])
     app.config["FIRST_STATIC_ANSWER"] = _first_static_answer(app)
     yield app
     shutdown(app)
@@ -61,7 +62,7 @@ def client(app):
 @pytest.fixture(scope="session")
 def vllm_app(app):
     engine = app_state(app).engines["vllm"]
-    assert engine.wait_ready(600), f"vLLM engine did not start: {engine.health()}"
+    assert engine.wait_ready(600), f"vLLM engine did not start: {engine_health(engine)}"
     return app
 
 

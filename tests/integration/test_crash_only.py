@@ -21,6 +21,7 @@ from deploy.starts import FailedStarts
 from service import begin_shutdown, create_app, shutdown
 from service.config import Config
 from service.http.state import app_state
+from service.ops.health import engine_health
 from tests.helpers import wait_until
 
 
@@ -75,7 +76,7 @@ def test_an_engine_that_holds_work_and_makes_no_progress_is_failed_by_its_watchd
     for seq in held:
         assert seq.done.wait(60), "the watchdog never failed the stalled engine"
         assert isinstance(seq.error, EngineDied) and "no progress" in str(seq.error)
-    assert dead.wait(60) and [name for name, _ in deaths] == ["static"] and worker.health()["status"] == "failed"
+    assert dead.wait(60) and [name for name, _ in deaths] == ["static"] and engine_health(worker)["status"] == "failed"
 
 
 @pytest.mark.parametrize("engine", [0.5], indirect=True)
@@ -119,7 +120,7 @@ def test_an_engine_whose_load_raises_is_failed_and_runs_its_death_callbacks(runn
     worker.when_dead(lambda name, error: (deaths.append((name, error)), dead.set()))
     worker.start()
     try:
-        assert not worker.wait_ready(60) and worker.status == "failed", worker.health()
+        assert not worker.wait_ready(60) and worker.status == "failed", engine_health(worker)
         assert dead.wait(30), "a failed load ran no death callback"
         assert deaths == [("static", worker.error)] and "InjectedFault" in worker.error
         assert worker.lifecycle.failed_to_start and not worker.lifecycle.died

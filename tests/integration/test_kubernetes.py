@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from service.http.state import app_state
+from service.ops import health
 from tests.helpers.apps import over_http
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -182,8 +183,8 @@ def test_the_startup_probe_waits_for_vllm_as_well(served_app, vllm_app, monkeypa
     """It passes once vLLM is ready, and fails while /health alone answers 200 with vLLM loading."""
     command = server_container(rendered("cpu"))["startupProbe"]["exec"]["command"]
     assert run_probe(command, served_app) == 0
-    vllm = app_state(vllm_app).engines["vllm"]
-    monkeypatch.setattr(vllm, "health", lambda: {**type(vllm).health(vllm), "status": "loading"})
+    vllm, entry = app_state(vllm_app).engines["vllm"], health.engine_health
+    monkeypatch.setattr(health, "engine_health", lambda e: {**entry(e), "status": "loading"} if e is vllm else entry(e))
     assert vllm_app.test_client().get("/health").status_code == 200
     assert run_probe(command, served_app) == 1
 

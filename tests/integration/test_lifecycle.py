@@ -11,6 +11,7 @@ import pytest
 from batcher.errors import ShuttingDown
 from batcher.sequence import Sequence
 from batcher.static.worker import StaticWorker
+from service.ops.health import engine_health
 from tests.helpers import WatchedQueue
 from tests.helpers.workers import GATE, submit
 
@@ -90,7 +91,7 @@ def test_a_batch_waiting_for_latecomers_is_held_counted_and_abandoned(runner_fp3
         [seq] = submit(worker, "taken, then waiting for a fuller round", max_tokens=50, ignore_eos=True)
         assert watched.consumer_waits.wait(30)  # it took the prompt and waits for latecomers
         assert worker.workload.qsize() == 0 and not seq.entered.is_set()
-        assert worker.inflight() == 1 and worker.health()["inflight"] == 1
+        assert worker.inflight() == 1 and engine_health(worker)["inflight"] == 1
         worker.begin_drain()
         assert worker.held_at_drain == 1 and not worker.wait_drained(0)
     finally:

@@ -13,6 +13,7 @@ from batcher.profile import choose, measure, session, show, store
 from batcher.static.runner import Runner
 from service.config import Config
 from service.http.state import app_state
+from service.ops.health import engine_health
 
 PARIS = "The capital of France is"
 
@@ -200,5 +201,5 @@ def test_the_start_log_and_health_say_each_engines_choice_and_why(tmp_path, capl
     lines = [r.getMessage() for r in caplog.records if r.name == "service"]
     for engine in ("static", "vllm"):
         assert f"{engine} engine: float32 eager on cpu (no profile: fp32 eager)" in lines
-    settings = app_state(app).engines["static"].health()["settings"]
+    settings = engine_health(app_state(app).engines["static"])["settings"]
     assert settings == {"device": "cpu", "dtype": "float32", "compile": False, "reason": "no profile: fp32 eager"}

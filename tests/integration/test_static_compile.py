@@ -21,6 +21,7 @@ from batcher.static.worker import StaticWorker
 from service import create_app, shutdown
 from service.config import Config
 from service.http.state import app_state
+from service.ops.health import engine_health
 from tests.helpers.workers import PROMPTS, run, static_settings
 
 SMALL = {"max_input_tokens": 24, "max_new_tokens_limit": 40}  # 64: one cache length for every round
@@ -158,7 +159,7 @@ def test_the_service_compiles_before_it_reports_ready_and_serves_compiled(compil
     )
     try:
         static = app_state(app).engines["static"]
-        assert static.wait_ready(900), static.health()
+        assert static.wait_ready(900), engine_health(static)
         health = app.test_client().get("/health").json["engines"]["static"]
         assert health["phase"] == "ready" and health["phase_seconds"]["compiling"] > 0
         assert static.runner.compiles

@@ -14,7 +14,7 @@ import psutil
 import pytest
 import requests
 
-from deploy.probe import HEALTH, LIVE_STALE_S, STALE_S, spawn
+from deploy.probe import HEALTH, LIVE_STALE_S, METRICS, STALE_S, spawn
 from deploy.server import ROOT, free_port_run
 from service.ops.beacon import Beacon
 
@@ -35,7 +35,7 @@ def probe(tmp_path):
 
 def published(folder, *, age_s: float = 0.0, body=None, code=200, metrics=b"up 1\n") -> Beacon:
     """A Beacon's one publication into `folder`, dated `age_s` ago."""
-    beacon = Beacon(folder, clock=lambda: time.time() - age_s)
+    beacon = Beacon(folder, HEALTH, METRICS, clock=lambda: time.time() - age_s)
     beacon.attach(lambda: (body or OK_BODY, code), lambda: metrics)
     beacon.publish()
     return beacon
@@ -114,12 +114,12 @@ def test_metrics_are_judged_by_when_they_were_written_not_by_the_state(probe):
     url, folder = probe
     published(folder, metrics=b"up 1\n")
     assert requests.get(f"{url}/metrics", timeout=10).status_code == 200
-    Beacon(folder).publish()  # a fresh worker's beacon, "starting"
+    Beacon(folder, HEALTH, METRICS).publish()  # a fresh worker's beacon, "starting"
     r = requests.get(f"{url}/metrics", timeout=10)
     assert r.status_code == 503 and "no metrics published yet" in r.text, r.text
 
     clock = [time.time() - STALE_S - 5]
-    beacon = Beacon(folder, clock=lambda: clock[0])
+    beacon = Beacon(folder, HEALTH, METRICS, clock=lambda: clock[0])
     rendered = []
 
     def metrics() -> bytes:  # renders once, then fails
@@ -151,7 +151,7 @@ def test_a_worker_whose_engine_failed_is_not_live(probe):
 
 
 def test_the_beacon_publishes_starting_then_the_attached_reply_at_once_when_kicked(tmp_path):
-    beacon = Beacon(tmp_path).start()
+    beacon = Beacon(tmp_path, HEALTH, METRICS).start()
     try:
         state = _wait_state(tmp_path, lambda s: s is not None)
         assert state["code"] == 503 and state["body"]["status"] == "starting"
@@ -177,7 +177,7 @@ def _wait_state(folder, done, timeout_s: float = 30.0) -> dict:
 
 def test_a_beacon_that_cannot_write_keeps_trying(tmp_path):
     folder = tmp_path / "not-yet"
-    beacon = Beacon(folder).start()  # every write fails: no folder
+    beacon = Beacon(folder, HEALTH, METRICS).start()  # every write fails: no folder
     try:
         assert beacon._thread.is_alive()
         folder.mkdir()
