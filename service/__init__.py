@@ -18,18 +18,17 @@ from service.demo import page
 from service.demo import routes as demo_routes
 from service.http import admission, inflight, lookup, request_id
 from service.http.state import KEY, AppState, app_state
-from service.openai import routes as openai_routes
-from service.openai import tokenize
+from service.openai import router as openai_router
 from service.ops import live, openapi
 from service.ops import routes as ops_routes
 
 log = logging.getLogger(__name__)
 
 # the routes that run prompts: counted in request_latency_seconds and logged one line each
-GENERATE_BLUEPRINTS = set(demo_routes.ROUTES) | {f"openai_{engine}" for engine in openai_routes.PREFIXES}
+GENERATE_BLUEPRINTS = set(demo_routes.ROUTES) | openai_router.blueprints("openai")
 # the routes the in-flight cap counts: those, and /tokenize, whose chat rendering (up to 1,024
 # messages through the template) holds a thread and the GIL as long as a short generation does
-CAPPED_BLUEPRINTS = GENERATE_BLUEPRINTS | {f"tokenize_{engine}" for engine in tokenize.PREFIXES}
+CAPPED_BLUEPRINTS = GENERATE_BLUEPRINTS | openai_router.blueprints("tokenize")
 
 
 def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
@@ -74,8 +73,7 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
     for blueprint in (ops_routes.bp, live.bp, page.bp, openapi.bp):
         app.register_blueprint(blueprint)
     demo_routes.register(app)
-    openai_routes.register(app)
-    tokenize.register(app)
+    openai_router.register(app)
     errors.register(app)
     request_id.register(app)  # first of the app's hooks
     _observe_requests(app, metrics)

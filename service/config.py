@@ -100,7 +100,7 @@ class Config:
     # auto: from the profile on a CPU (eager without one); compiled on a GPU
     vllm_enforce_eager: str = "auto"  # auto | 0 | 1
     vllm_tensor_parallel_size: Annotated[int, between(1, 1024)] = 1  # GPUs one vLLM engine spans
-    # serving: gunicorn.conf.py and deploy/cluster.py read these (the master too: no torch here)
+    # serving: gunicorn.conf.py and deploy/settings.py read these (the master too: no torch here)
     port: Annotated[int, between(1, 65535)] = 8000
     gunicorn_timeout: Annotated[int, between(1, DAY_S)] = 300  # the arbiter's heartbeat
     graceful_timeout: Annotated[int, between(1, DAY_S)] = 30  # shutdown grace, which bounds the drain

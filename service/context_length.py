@@ -8,8 +8,8 @@ vLLM before 0.10 word it: vLLM 0.32 lowers such a `max_tokens` instead, in `get_
 
 `truncate_prompt_tokens` (vLLM's field, vllm/entrypoints/openai/completion/protocol.py) opts in
 to keeping a prompt's last k tokens (-1: MAX_INPUT_TOKENS). A chat prompt keeps its template's
-head whole (the system turn and the first user turn's role marker) and loses the tokens right
-after it; a cut that would reach into the head is a 400.
+fixed prefix whole (the system turn and the first user turn's role marker) and loses the tokens
+right after it; a cut that would reach into that prefix is a 400.
 """
 
 from __future__ import annotations
@@ -48,25 +48,25 @@ def fit(
     param: str,
     tokenizer,
     config: Config,
-    heads: list[str] | None = None,
+    prefixes: list[str] | None = None,
 ) -> tuple[Prompt, ...]:
     """The prompts as the engines will run them: each one checked against the context length,
     cut to its last `truncate` (the request's `truncate_prompt_tokens`) tokens where it asks (then
-    as token ids). `param`: the field the prompts came from, for the error; `heads`: per prompt,
-    the text that must stay whole at its start (a chat template's head)."""
+    as token ids). `param`: the field the prompts came from, for the error; `prefixes`: per
+    prompt, the text that must stay whole at its start (service/openai/chat/template.py)."""
     keep = truncation(truncate, config.max_input_tokens)
     fitted = []
     for i, prompt in enumerate(prompts):
         ids = tokenizer(prompt)["input_ids"] if isinstance(prompt, str) else list(prompt)
         if keep is not None and len(ids) > keep:
-            head = len(tokenizer(heads[i])["input_ids"]) if heads else 0
-            if head and keep <= head:
+            fixed = len(tokenizer(prefixes[i])["input_ids"]) if prefixes else 0
+            if fixed and keep <= fixed:
                 raise ContextTooLong(
-                    f"'{FIELD}'={keep} would cut into the chat template's head ({head} tokens: the system "
+                    f"'{FIELD}'={keep} would cut into the chat template's head ({fixed} tokens: the system "
                     f"turn and the user's role marker); keep more tokens, or send fewer messages",
                     param=FIELD,
                 )
-            ids, prompt = ids[:head] + ids[len(ids) - (keep - head) :], None
+            ids, prompt = ids[:fixed] + ids[len(ids) - (keep - fixed) :], None
         _check(len(ids), max_tokens, config.max_input_tokens, config.max_model_len, param)
         fitted.append(prompt if prompt is not None else tuple(ids))
     return tuple(fitted)

@@ -2,9 +2,10 @@
 
 Both engines take `Sequence`s through `submit()` and set each one's `done` event; the views only
 choose the engine and shape the reply. `complete()` waits for whole texts; `Pieces` is the
-engine side of a stream (submit, wait for the first piece, deadline, cancel on close), written
-once; each API shapes what they return (demo/replies.py, openai/replies.py). The view hands them
-a `Run`: nothing here reads the app.
+engine side of a stream (submit, wait for the first piece, deadline, cancel on close), over a
+`PieceQueue` (wait for the next piece until a deadline, cancel on close), which the race page's
+feed reads too; each API shapes what they return (demo/replies.py, openai/replies.py). The view
+hands them a `Run`: nothing here reads the app.
 """
 
 from __future__ import annotations
@@ -119,6 +120,35 @@ def complete(run: Run, prompts: list[Prompt], params: SamplingParams, n: int = 1
     return seqs
 
 
+class PieceQueue:
+    """The one queue that streamed sequences put their pieces on, read until a deadline: one
+    request's sequences (`Pieces`), or several requests' read as one (the race page's feed).
+    `close()` cancels every sequence submitted through it that still runs."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.seqs: list[Sequence] = []
+
+    def submit(self, run: Run, prompts: list[Prompt], params: SamplingParams, n: int = 1) -> list[Sequence]:
+        """`submit()` with this queue for their pieces; what it refuses raises, and adds nothing."""
+        seqs = submit(run, prompts, params, n, pieces=self._queue)
+        self.seqs.extend(seqs)
+        return seqs
+
+    def next(self, deadline: float, most_s: float | None = None) -> tuple[Sequence, str | None] | None:
+        """The next `(sequence, text)`, or `(sequence, None)` at its end, waiting until `deadline`
+        (time.monotonic), or for `most_s` if that ends sooner; None if nothing came by then."""
+        wait_s = max(0.0, deadline - time.monotonic())
+        try:
+            return self._queue.get(timeout=wait_s if most_s is None else min(most_s, wait_s))
+        except queue.Empty:
+            return None
+
+    def close(self) -> None:
+        for seq in self.seqs:  # a no-op for sequences that already ended
+            seq.cancel()
+
+
 class Pieces:
     """The engine side of a streamed request: iterate `(sequence, text)` for each piece of text
     as its decoding step produces it, and `(sequence, None)` when that sequence has ended (its
@@ -135,8 +165,8 @@ class Pieces:
         """`until_entered`: answer as soon as the (first) sequence enters its round or step, not at
         its first piece, so that a details event can go first; an error before that point still
         raises here."""
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self.seqs = submit(run, prompts, params, n, pieces=self._queue)
+        self._pieces = PieceQueue()
+        self.seqs = self._pieces.submit(run, prompts, params, n)
         self._deadline = time.monotonic() + run.timeout_s
         self._timeout_error = deadline_exceeded(run.timeout_s)
         if until_entered:
@@ -154,11 +184,11 @@ class Pieces:
             raise seq.error
 
     def _next(self) -> tuple[Sequence, str | None]:
-        try:
-            return self._queue.get(timeout=max(0.0, self._deadline - time.monotonic()))
-        except queue.Empty:
+        piece = self._pieces.next(self._deadline)
+        if piece is None:
             self.close()
-            raise self._timeout_error from None
+            raise self._timeout_error
+        return piece
 
     def __iter__(self) -> Iterator[tuple[Sequence, str | None]]:
         piece, open_ = self._first or self._next(), len(self.seqs)
@@ -171,5 +201,4 @@ class Pieces:
             piece = self._next()
 
     def close(self) -> None:
-        for seq in self.seqs:  # a no-op for sequences that already ended
-            seq.cancel()
+        self._pieces.close()

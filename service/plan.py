@@ -1,7 +1,7 @@
 """What one generate request runs, decided once from its validated body: a frozen `Plan`.
 
 Each API builds its plan from its request model (service/protocol/) and what the view looked up
-in the app (`Served`): openai/completion.py, openai/chat.py, openai/responses.py, demo/routes.py.
+in the app (`Served`): openai/completion.py, openai/chat.py, openai/responses.py, demo/serving.py.
 The code after it reads the plan and rewrites nothing: the engines take `prompts` and `params`
 (service/generation.py), the reply shapes take the rest.
 """

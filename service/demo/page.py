@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+
 from flask import Blueprint, render_template, request
 
-from batcher.sampling import SamplingParams
-from service.demo import routes
-from service.demo.race import MODES, Race
-from service.http import auth, lookup, sse
+from service.demo import serving
+from service.demo.protocol import Race as RaceBody
+from service.http import auth, lookup
 from service.http.body import json_body
 from service.protocol import validate
-from service.protocol.demo import Race as RaceBody
 
 bp = Blueprint("page", __name__)
 
@@ -45,10 +45,4 @@ def race():
     auth.require_api_key()  # once for the race: the page itself stays open, its feed does not
     served = lookup.served()
     body = validate(RaceBody, json_body(request), served.config)  # the generate routes' checks, the engine, the mode
-    plan = routes.plan(body, served)
-    run = lookup.run(body.engine, body.max_queue_ms)  # the generate routes' deadlines, admission's too
-    run.engine.check_available()  # 503 now, before the feed: loading, failed, disabled, draining
-    # the page's two knobs; every other field at its neutral default, greedy
-    params = SamplingParams(max_tokens=plan.params.max_tokens, ignore_eos=plan.params.ignore_eos)
-    feed = Race(run, body.mode or MODES[0], plan.prompts, params)
-    return sse.response(iter(feed))
+    return serving.race(body, served, functools.partial(lookup.run, body.engine))

@@ -15,14 +15,14 @@ and `t_ms`, milliseconds since the race began (one clock for all rows), after a 
 Why here and not N fetches from the page: a browser opens at most 6 HTTP/1.1 connections to one
 origin (Chromium and Firefox), so 16 or 64 concurrent streams from a page would run 6 at a time
 and the race would show the browser's limit, not the batchers'. The feed runs in its request's
-own thread, whatever N: the N streams share one queue of pieces. It ends early, with an error
-event on each open row, at the request deadline and as soon as its engine drains or stops (a
-demo race must not hold up a drain); when it ends, for whatever reason, it cancels what is left.
+own thread, whatever N: the N streams share one queue of pieces (generation.PieceQueue, the one
+a stream reads). It ends early, with an error event on each open row, at the request deadline
+and as soon as its engine drains or stops (a demo race must not hold up a drain); when it ends,
+for whatever reason, it cancels what is left.
 """
 
 from __future__ import annotations
 
-import queue
 import time
 from collections.abc import Iterator
 
@@ -31,7 +31,7 @@ from batcher.sampling import SamplingParams
 from batcher.sequence import Sequence
 from service.demo import replies
 from service.errors import log_unexpected
-from service.generation import Run, deadline_exceeded, submit
+from service.generation import PieceQueue, Run, deadline_exceeded, submit
 from service.http import sse
 
 MODES = ("concurrent", "batch")
@@ -48,7 +48,8 @@ class Race:
         self.eng, self.timeout = run.engine, run.timeout_s
         self._t0 = time.monotonic()
         self._deadline = self._t0 + self.timeout
-        self._seqs: list[Sequence] = []  # what the engine holds for this race, cancelled at the end
+        self._pieces = PieceQueue()  # the concurrent mode's sequences: their pieces, their cancel
+        self._seqs: list[Sequence] = []  # the batch mode's request, cancelled at the end
 
     def _event(self, index: int, payload: dict, at: float | None = None) -> str:
         t_ms = round(((time.monotonic() if at is None else at) - self._t0) * 1000, 1)
@@ -76,31 +77,28 @@ class Race:
         try:
             yield from self._batch() if self.mode == "batch" else self._concurrent()
             yield sse.event({"race_done": True})
-        finally:
-            for seq in self._seqs:  # a no-op for the ended; the page left or the feed ended early
+        finally:  # a no-op for the ended; the page left or the feed ended early
+            self._pieces.close()
+            for seq in self._seqs:
                 seq.cancel()
 
     def _concurrent(self) -> Iterator[str]:
-        pieces: queue.SimpleQueue = queue.SimpleQueue()
         rows: dict[str, int] = {}  # sequence id -> index, while the sequence is open
         sent = []  # written after every submit, so that the N requests go in together
         for index, prompt in enumerate(self.prompts):
             sent.append(self._event(index, {"sent": True}))
             try:
-                [seq] = submit(self.run, [prompt], self.params, pieces=pieces)
+                [seq] = self._pieces.submit(self.run, [prompt], self.params)
             except Exception as exc:  # refused (queue full, too long a wait, shutting down, ...): this row only
                 sent.append(self._event(index, self._refused(exc)))
                 continue
-            self._seqs.append(seq)
             rows[seq.id] = index
         yield from sent
         entered: set[str] = set()
         while rows:
-            try:
-                seq, text = pieces.get(timeout=self._wait_s())
-            except queue.Empty:
-                seq = None
-            if seq is not None:
+            piece = self._pieces.next(self._deadline, CHECK_S)
+            if piece is not None:
+                seq, text = piece
                 index = rows[seq.id]
                 if seq.id not in entered and seq.started_at is not None:  # the details event first
                     entered.add(seq.id)

@@ -2,21 +2,24 @@
 {"generated_texts": [...]} out. The static batcher serves /generate, /basic_generate and
 /generate_stream; vLLM's continuous batching /generate_vllm and /generate_vllm_stream, the same
 contract. Each registration is a blueprint named for its engine (the name that metrics, the
-request log and auth go by, service/__init__.py's GENERATE_BLUEPRINTS).
+request log and auth go by, service/__init__.py's GENERATE_BLUEPRINTS). Each view reads its body
+once (protocol.py), looks up what it is planned against and its engine, and hands them to
+serving.py.
 """
 
 from __future__ import annotations
 
+import functools
+
 from flask import Blueprint, Flask, request
 from flask.blueprints import BlueprintSetupState
 
-from service import context_length, generation
-from service.demo import replies
-from service.http import auth, lookup, sse
+from service.demo import serving
+from service.demo.protocol import Generate, Single
+from service.http import auth, lookup
 from service.http.body import json_body
-from service.plan import Plan, Served
+from service.plan import Served
 from service.protocol import validate
-from service.protocol.demo import Generate, Single
 
 ROUTES = {  # engine -> {view: its URL}
     "static": {"generate": "/generate", "basic_generate": "/basic_generate", "generate_stream": "/generate_stream"},
@@ -31,41 +34,26 @@ def register(app: Flask) -> None:
         app.register_blueprint(bp, name=engine, url_defaults={"engine": engine})
 
 
-def plan(req: Generate | Single, served: Served) -> Plan:
-    """A demo request's plan: its prompt(s) checked against the context length, greedy unless asked."""
-    params = req.to_sampling_params(served.config)
-    key = "prompt" if isinstance(req, Single) else "prompts"
-    prompts = context_length.fit(
-        [req.prompt] if key == "prompt" else req.prompts, truncate=req.truncate_prompt_tokens,
-        max_tokens=params.max_tokens, param=key, tokenizer=served.tokenizer, config=served.config,
-    )  # fmt: skip
-    return Plan(prompts=prompts, params=params, n=req.n or 1, details=bool(req.details), max_queue_ms=req.max_queue_ms)
-
-
-def read(model: type[Generate | Single]) -> Plan:
-    """The request's body as `model` (unknown fields, types and ranges checked there), planned."""
+def _read(model: type[Generate | Single]) -> tuple[Generate | Single, Served]:
+    """The request's body as `model` (unknown fields, types and ranges checked there), and what it
+    is planned against."""
     served = lookup.served()
-    return plan(validate(model, json_body(request), served.config), served)
+    return validate(model, json_body(request), served.config), served
 
 
 def generate(engine: str):
-    p = read(Generate)
-    seqs = generation.complete(lookup.run(engine, p.max_queue_ms), p.prompts, p.params, p.n)
-    return replies.reply(seqs, p)
+    req, served = _read(Generate)
+    return serving.generate(req, served, functools.partial(lookup.run, engine))
 
 
 def basic_generate(engine: str):
-    """One prompt, run as a round of its own on the same model thread: the unbatched baseline.
-    It waits its turn like any prompt, but never shares its round, whatever else is waiting."""
-    p = read(Single)
-    seqs = generation.complete(lookup.run(engine, p.max_queue_ms), p.prompts, p.params, solo=True)
-    return replies.reply(seqs, p, single=True)
+    req, served = _read(Single)
+    return serving.basic_generate(req, served, functools.partial(lookup.run, engine))
 
 
 def generate_stream(engine: str):
-    p = read(Single)
-    pieces = generation.Pieces(lookup.run(engine, p.max_queue_ms), p.prompts, p.params, until_entered=p.details)
-    return sse.response(replies.events(pieces, details=p.details, logprobs=p.logprobs))
+    req, served = _read(Single)
+    return serving.generate_stream(req, served, functools.partial(lookup.run, engine))
 
 
 VIEWS = {"generate": generate, "basic_generate": basic_generate, "generate_stream": generate_stream}

@@ -1,5 +1,5 @@
 """A request body read once: sent as JSON, nested at most MAX_JSON_DEPTH deep, every string
-encodable text (`json_body`, every route that takes a body). Its model (service/protocol/) checks
+encodable text (`json_body`, every route that takes a body). Its model (its API's protocol.py) checks
 the rest.
 
 JSON only, by its Content-Type (`application/json`, any charset, or an `application/*+json`

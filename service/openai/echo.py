@@ -3,7 +3,7 @@
 - /completions: each choice's text starts with its prompt (a token-id prompt: its decoded text),
   and with `logprobs` the prompt's tokens lead `tokens`/`token_logprobs`/`top_logprobs`/
   `text_offset`, the first one's logprob null (the engine computes the prompt's logprobs at the
-  request's `logprobs`, see OpenAIBody.to_plan). `max_tokens: 0` (allowed only with
+  request's `logprobs`, see service/openai/serving.py's `plan`). `max_tokens: 0` (allowed only with
   echo): the engine generates one token, and the reply holds the prompt alone.
 - chat: the reply starts with the last message's content when that message is the assistant's;
   its logprobs stay the generated tokens'.

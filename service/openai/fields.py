@@ -1,9 +1,10 @@
 """What the OpenAI routes do with each request field, as data: one table per route, checked by
-`check()` before anything is parsed further or submitted.
+`check()` (through `parse`, every OpenAI route's one way to read its body) before the body's
+model validates it.
 
 Every field of OpenAI's and vLLM 0.32's request schemas (vllm/entrypoints/openai/completion/
 protocol.py, chat_completion/protocol.py) is in the table, with one of three rules:
-- HONOURED: declared by the route's model (service/protocol/openai.py), applied on both engines;
+- HONOURED: declared by the route's model (its folder's protocol.py), applied on both engines;
 - IGNORED: accepted and ignored, because it does not change the output (`user`, `metadata`, ...);
 - `refused(*allowed)`: a 400 `invalid_request_error` naming the field in `param`, unless its
   value is one of `allowed` (null, or the value that means what the service does anyway:
@@ -12,6 +13,7 @@ A field in no table is accepted and ignored, as vLLM does (its `OpenAIBaseModel`
 `extra="allow"` and only logs the names at debug level); we log them at debug level too.
 vLLM's removed `guided_*` fields are the exception there (it accepts them and warns that the output
 is NOT constrained): we refuse them, since they ask for a constraint we would not apply.
+The Responses API is stateless and a subset: there, a field in no table is refused (UNKNOWN).
 """
 
 from __future__ import annotations
@@ -22,12 +24,14 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
+from service.config import Config
 from service.errors import InvalidRequest
-from service.protocol import names
-from service.protocol.chat import Chat
-from service.protocol.completion import Completion
-from service.protocol.openai import StreamOptions
-from service.protocol.tokenize import Detokenize, TokenizeChat, TokenizeText
+from service.openai.chat.protocol import Chat
+from service.openai.completions.protocol import Completion
+from service.openai.protocol import StreamOptions
+from service.openai.responses.protocol import Responses
+from service.openai.tokenize.protocol import Detokenize, TokenizeChat, TokenizeText
+from service.protocol import Body, names, validate
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +67,7 @@ GUIDED = "vLLM removed it; use 'structured_outputs' or 'response_format'"
 
 
 def honoured(*models: type[BaseModel], prefix: str = "") -> dict[str, Rule]:
-    """Every field the models declare (service/protocol/openai.py): what the routes implement."""
+    """Every field the models declare (service/openai/protocol.py): what the routes implement."""
     return {f"{prefix}{name}": HONOURED for model in models for name in names(model)}
 
 
@@ -158,30 +162,51 @@ TOKENIZE_CHAT: dict[str, Rule] = {
 
 DETOKENIZE: dict[str, Rule] = honoured(Detokenize)
 
+STATELESS = "this service stores no responses: send the whole conversation as 'input'"
+RESPONSES: dict[str, Rule] = {
+    **honoured(Responses),
+    **dict.fromkeys("metadata user safety_identifier prompt_cache_key service_tier stream_options".split(), IGNORED),
+    "store": refused(False, why=STATELESS),
+    "previous_response_id": refused(why=STATELESS),
+    "conversation": refused(why=STATELESS),
+    "truncation": refused("disabled", why="a conversation is never cut"),
+    "background": refused(False, why="a response is made while its request waits"),
+    "include": refused([], why="a response carries its output alone"),
+}
+
 ROUTES = {
     "completions": COMPLETIONS,
     "chat": CHAT,
+    "responses": RESPONSES,
     "tokenize": TOKENIZE,
     "tokenize_chat": TOKENIZE_CHAT,
     "detokenize": DETOKENIZE,
 }
+# the rule for a field in no table, where it is not "ignored, logged at debug level" (vLLM's)
+UNKNOWN = {"responses": refused(why="the Responses API here is a subset (docs/openai.md)")}
+
+
+def parse(body: dict, model: type[Body], route: str, config: Config) -> Body:
+    """The request's JSON body as `model`, every field checked once: the refused ones by the
+    route's table, the honoured ones (and what spans them) by the model."""
+    check(body, route)
+    return validate(model, body, config)
 
 
 def check(body: dict, route: str) -> None:
     """Raise `InvalidRequest` naming the first field of `body` that `route` refuses."""
-    table = ROUTES[route]
-    unknown = []
+    table, unknown = ROUTES[route], []
     for key, value in body.items():
-        _check_one(table, key, value, unknown)
+        _check_one(route, table, key, value, unknown)
         if isinstance(value, dict) and any(name.startswith(f"{key}.") for name in table):
             for sub, subvalue in value.items():
-                _check_one(table, f"{key}.{sub}", subvalue, unknown)
+                _check_one(route, table, f"{key}.{sub}", subvalue, unknown)
     if unknown:
         log.debug("fields nobody defined, ignored: %s", ", ".join(unknown))
 
 
-def _check_one(table: dict[str, Rule], name: str, value, unknown: list[str]) -> None:
-    rule = table.get(name)
+def _check_one(route: str, table: dict[str, Rule], name: str, value, unknown: list[str]) -> None:
+    rule = table.get(name, UNKNOWN.get(route))
     if rule is None:
         unknown.append(name)
     elif not rule.accepts(value):

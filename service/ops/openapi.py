@@ -1,5 +1,5 @@
 """`GET /openapi.json`: the API as an OpenAPI 3.1 document, generated from the body models
-(service/protocol/) and the app's own URL map, so that it lists what is served: each route family
+(each API's protocol.py) and the app's own URL map, so that it lists what is served: each route family
 once per engine it is registered for (`/v1` and `/static/v1`, `/tokenize` and
 `/static/tokenize`, `/generate` and `/generate_vllm`), never a copied list of paths.
 
@@ -17,8 +17,13 @@ from flask import Blueprint, Flask, Response, current_app, jsonify
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from service.demo import protocol as demo
 from service.http.state import app_state
-from service.protocol import chat, completion, demo, limits, responses, tokenize
+from service.openai.chat.protocol import Chat
+from service.openai.completions.protocol import Completion
+from service.openai.responses.protocol import Responses
+from service.openai.tokenize.protocol import Detokenize, TokenizeChat, TokenizeText
+from service.protocol import limits
 
 bp = Blueprint("openapi", __name__)
 
@@ -29,11 +34,11 @@ BODIES: dict[str, tuple[type[BaseModel], ...]] = {
     "basic_generate": (demo.Single,),
     "generate_stream": (demo.Single,),
     "race": (demo.Race,),
-    "completions": (completion.Completion,),
-    "chat_completions": (chat.Chat,),
-    "create_response": (responses.Responses,),
-    "tokenize": (tokenize.TokenizeText, tokenize.TokenizeChat),  # vLLM's union: `messages` makes it chat
-    "detokenize": (tokenize.Detokenize,),
+    "completions": (Completion,),
+    "chat_completions": (Chat,),
+    "create_response": (Responses,),
+    "tokenize": (TokenizeText, TokenizeChat),  # vLLM's union: `messages` makes it chat
+    "detokenize": (Detokenize,),
 }
 STREAMS = {"generate_stream", "race"}  # server-sent events, always
 MAY_STREAM = {"completions", "chat_completions", "create_response"}  # with `stream: true`

@@ -1,9 +1,7 @@
-"""The request bodies, declared once as pydantic models (vLLM's entrypoints/openai/*/protocol.py
-is the example): `sampling` (what every generate body shares), `demo` (our own routes: an
-unknown field is a 400), `openai` (vLLM's rule: a name nobody defined is ignored, the fields it
-defines and we do not implement are service/openai/fields.py's table). From them come the 400s
-(`validate`), /openapi.json (service/ops/openapi.py) and the parameter tables of docs/ (checked by
-tests/unit/test_bodies.py).
+"""What every API's request models share (each API's own are its folder's protocol.py, as in vLLM's
+entrypoints/openai/*/protocol.py): `sampling` (the fields every generate body has), `limits`
+(the bounds of a body), and `validate`. From the models come the 400s, /openapi.json
+(service/ops/openapi.py) and the parameter tables of docs/ (checked by tests/unit/test_bodies.py).
 
 `validate` turns pydantic's errors into the documented shapes: an unknown top-level field on a
 demo route is `UnknownField` (400, every one named, with the nearest known name); any other

@@ -51,7 +51,7 @@ def _bad(why: str, param: str = "tools") -> InvalidRequest:
 
 
 def _function(i: int, name: str, description: str | None, parameters: dict | None) -> dict:
-    """Its shape checked by the request's model (service/protocol/); here, what only a schema check says."""
+    """Its shape checked by the request's model (its protocol.py); here, what only a schema check says."""
     parameters = parameters or NO_PARAMETERS
     schema_text(parameters, "tools")  # a valid JSON schema that xgrammar enforces, or a 400
     if parameters.get("type") != "object":
@@ -64,7 +64,7 @@ def collect(
 ) -> Tools | None:
     """A request's tools, as (name, description, parameters) in its order, and its `tool_choice`
     ("none", "auto", "required", or "named" with the function's name in `named`); None without
-    tools. Chat and Responses spell them differently (service/protocol/chat.py, responses.py)."""
+    tools. Chat and Responses spell them differently (service/openai/chat/protocol.py, responses.py)."""
     if not functions:
         if choice not in (None, "none"):
             raise _bad("'tool_choice' needs 'tools'", "tool_choice")

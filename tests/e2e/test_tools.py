@@ -1,4 +1,4 @@
-"""Tool calls and the Responses API on both engines (service/tools/spec.py, service/openai/responses.py),
+"""Tool calls and the Responses API on both engines (service/tools/spec.py, service/openai/responses/),
 through the real `openai` SDK and LangChain against the session's shared gunicorn, every test on
 /v1 (vLLM) and /static/v1 (static). Greedy, with two tools: each "ten asks" test sends its asks
 at once, from threads, so that the static engine batches them; every reply must be what its
@@ -18,8 +18,8 @@ from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field
 
 from service.config import Config
+from service.openai.chat.protocol import Chat
 from service.protocol import validate
-from service.protocol.chat import Chat
 from service.tools import parser as tool_replies
 from service.tools import prompt as tool_prompt
 from service.tools import spec as service_tools

@@ -8,7 +8,7 @@ import pytest
 
 from service import context_length
 from service.http.state import app_state
-from service.openai import chat
+from service.openai.chat import template as chat
 from service.plan import Served
 from tests.helpers import MODEL
 from tests.helpers.apps import enqueued
@@ -98,9 +98,9 @@ def test_a_cut_chat_prompt_keeps_its_templates_head(vllm_app):
     messages = [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": LONG + " Hi?"}]
     config, tokenizer = app_state(vllm_app).config, app_state(vllm_app).tokenizer
     served = Served(config, tokenizer)  # what a view hands down: no request context needed
-    rendered, head = chat.render(served, messages), chat.head(served, messages)
+    rendered, head = chat.render(served, messages), chat.fixed_prefix(served, messages)
     [ids] = context_length.fit(
-        [rendered], truncate=60, max_tokens=3, param="messages", tokenizer=tokenizer, config=config, heads=[head]
+        [rendered], truncate=60, max_tokens=3, param="messages", tokenizer=tokenizer, config=config, prefixes=[head]
     )
     head_ids, full = tokens(vllm_app, head), tokens(vllm_app, rendered)
     assert head.endswith("<|im_start|>user\n") and "You answer briefly." in head

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from service.demo.protocol import Generate
 from service.protocol import names
-from service.protocol.demo import Generate
 from tests.helpers import MODEL
 from tests.helpers.apps import enqueued
 

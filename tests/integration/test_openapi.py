@@ -16,8 +16,7 @@ from service import create_app
 from service.config import Config
 from service.demo import routes as demo
 from service.http.state import app_state
-from service.openai import routes as openai_api
-from service.openai import tokenize as tokenization
+from service.openai.router import FAMILIES
 from service.ops.openapi import document
 from service.protocol.limits import MARK
 
@@ -46,10 +45,10 @@ def test_it_is_valid_openapi_3_1(doc):
 
 def test_every_registered_base_url_has_its_paths(doc):
     paths = set(doc["paths"])
-    for prefix in openai_api.PREFIXES.values():  # /v1 and /static/v1
+    for prefix in FAMILIES["openai"][1].values():  # /v1 and /static/v1
         for route in ("/completions", "/chat/completions", "/responses", "/models"):
             assert prefix + route in paths
-    for prefix in tokenization.PREFIXES.values():  # /tokenize and /static/tokenize
+    for prefix in FAMILIES["tokenize"][1].values():  # /tokenize and /static/tokenize
         assert {f"{prefix}/tokenize", f"{prefix}/detokenize"} <= paths
     for urls in demo.ROUTES.values():
         assert set(urls.values()) <= paths

@@ -19,10 +19,10 @@ from service import create_app, shutdown, structured
 from service.config import Config
 from service.errors import InvalidRequest
 from service.http.state import app_state
+from service.openai.chat.protocol import Chat
+from service.openai.completions.protocol import Completion
+from service.openai.responses.protocol import Responses
 from service.protocol import limits, validate
-from service.protocol.chat import Chat
-from service.protocol.completion import Completion
-from service.protocol.responses import Responses
 from tests.helpers.apps import post
 
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}

@@ -1,6 +1,7 @@
-"""The layout of service/ (docs/design.md): a folder per API, whose routes no sibling imports;
-helpers that take what they need as arguments, never from Flask's globals; request models that
-depend on no route."""
+"""The layout (docs/design.md): a folder per API, whose routes no sibling imports; helpers that
+take what they need as arguments, never from Flask's globals; request models that depend on
+nothing of the serving side; a running service that needs nothing of deploy/ or bench/; and no
+file past 250 lines."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import pytest
 
 pytestmark = pytest.mark.unit  # no model, no server: `make check` runs it
 
-SERVICE = Path(__file__).resolve().parents[2] / "service"
+ROOT = Path(__file__).resolve().parents[2]
+SERVICE = ROOT / "service"
 MODULES = sorted(SERVICE.rglob("*.py"))
+MAX_LINES = 250
 GLOBALS = {"current_app", "g"}
 
 
@@ -42,16 +45,18 @@ def imports(module: ast.Module) -> list[tuple[str, list[str]]]:
     return found
 
 
-def defines_routes(module: ast.Module) -> bool:
-    """A module of routes makes a Blueprint."""
-    return any(isinstance(n, ast.Call) and getattr(n.func, "id", None) == "Blueprint" for n in ast.walk(module))
+def defines_routes(path: Path) -> bool:
+    """A module of routes is an API's routes.py, or makes a Blueprint."""
+    calls = (n for n in ast.walk(tree(path)) if isinstance(n, ast.Call))
+    return path.name == "routes.py" or any(getattr(n.func, "id", None) == "Blueprint" for n in calls)
 
 
-ROUTES = {name(p) for p in MODULES if defines_routes(tree(p))}
+ROUTES = {name(p) for p in MODULES if defines_routes(p)}
 
 
 def test_the_walk_sees_the_routes():
-    assert {"service.openai.routes", "service.demo.routes", "service.ops.routes"} <= ROUTES
+    expected = {"service.openai.chat.routes", "service.openai.router", "service.demo.routes", "service.ops.routes"}
+    assert expected <= ROUTES
     assert "service.generation" not in ROUTES
 
 
@@ -68,7 +73,8 @@ def test_only_views_and_the_http_layer_read_flasks_globals(path):
 
 @pytest.mark.parametrize("path", MODULES, ids=name)
 def test_no_folder_imports_a_siblings_routes(path):
-    """Only the app factory (service/__init__.py) registers every folder's routes."""
+    """Only the app factory (service/__init__.py) registers every folder's routes, and a folder
+    those of the folders below it (service/openai/router.py)."""
     own = name(path)
     if own == "service":
         return
@@ -76,10 +82,36 @@ def test_no_folder_imports_a_siblings_routes(path):
     for mod, names in imports(tree(path)):
         targets = {mod} | {f"{mod}.{n}" for n in names}
         for target in targets & ROUTES:
-            assert target.rsplit(".", 1)[0] == folder, f"{own} imports {target}"
+            assert f"{target.rsplit('.', 1)[0]}.".startswith(f"{folder}."), f"{own} imports {target}"
 
 
-@pytest.mark.parametrize("path", sorted((SERVICE / "protocol").glob("*.py")), ids=name)
-def test_the_request_models_depend_on_no_route_and_no_http(path):
+PROTOCOLS = sorted([*(SERVICE / "protocol").glob("*.py"), *SERVICE.rglob("protocol.py")])
+SERVING = ("routes", "router", "serving", "shape", "events", "template", "echo", "fields")
+
+
+@pytest.mark.parametrize("path", PROTOCOLS, ids=name)
+def test_the_request_models_import_nothing_of_the_serving_side(path):
+    """A protocol.py holds request models: validation and `to_sampling_params`, no plan, no reply."""
+    for mod, names in imports(tree(path)):
+        assert not mod.startswith(("service.http", "service.ops", "service.generation", "service.plan", "flask")), mod
+        for target in {mod} | {f"{mod}.{n}" for n in names}:
+            assert target.rsplit(".", 1)[-1] not in SERVING, f"{name(path)} imports {target}"
+
+
+RUNNING = sorted([*SERVICE.rglob("*.py"), *(ROOT / "batcher").rglob("*.py"), ROOT / "wsgi.py"])
+
+
+@pytest.mark.parametrize("path", RUNNING, ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_running_service_imports_nothing_of_deploy_or_bench(path):
     for mod, _ in imports(tree(path)):
-        assert not mod.startswith(("service.http", "service.openai", "service.demo", "service.ops", "flask")), mod
+        assert mod.split(".")[0] not in ("deploy", "bench"), f"{path.relative_to(ROOT)} imports {mod}"
+
+
+CODE = sorted(p for folder in ("service", "batcher", "bench", "deploy") for p in (ROOT / folder).rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", CODE, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_file_is_past_250_lines(path):
+    """Past it, a file holds more than one idea: split it by concept (docs/design.md)."""
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_LINES, f"{path.relative_to(ROOT)}: {lines} lines"

@@ -7,8 +7,8 @@ from batcher.sampling import SamplingParams
 from batcher.static.stops import find_stop, held_back
 from service.config import Config
 from service.errors import InvalidRequest
+from service.openai.chat.protocol import Chat
 from service.protocol import validate
-from service.protocol.chat import Chat
 from service.protocol.sampling import Sampling
 
 CONFIG = Config()

@@ -1,6 +1,5 @@
-"""A chat conversation's rendering, one for both engines, the chat route, the Responses route
-and /tokenize (the messages come from the request's model, service/protocol/chat.py), and a chat
-request's plan.
+"""A chat conversation's rendering: one for both engines, for chat, the Responses API and
+/tokenize (the messages as the request's model reads them, service/openai/chat/protocol.py).
 
 The template is the model's own, or the file CHAT_TEMPLATE names (as vLLM's `--chat-template`).
 A template that reads `tools` renders the tools and the tool turns itself (transformers'
@@ -15,11 +14,11 @@ import functools
 import jinja2
 import jinja2.meta
 
+from batcher.sampling import SamplingParams
+from batcher.sequence import Prompt
 from service import context_length
 from service.errors import InvalidRequest
-from service.openai import echo
-from service.plan import Plan, Served
-from service.protocol.chat import Chat
+from service.plan import Served
 from service.tools import prompt as tool_prompt
 from service.tools.spec import Tools
 
@@ -60,32 +59,26 @@ def render(served: Served, messages: list[dict], tools: Tools | None = None, *, 
     return served.tokenizer.apply_chat_template(tool_prompt.plain(messages, tools), **kwargs)
 
 
-def head(served: Served, messages: list[dict], tools: Tools | None = None) -> str:
+def fixed_prefix(served: Served, messages: list[dict], tools: Tools | None = None) -> str:
     """The start of the rendering that a cut must leave whole (service/context_length.py): everything
     before the first non-system message's content, i.e. the system turn and the user's role
     marker (and, with tools, the turn that states them), found by rendering that message with a
     marker for its content."""
     first = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages) - 1)
-    marker = "\x00head\x00"  # text no message has (a NUL is refused nowhere, but no one sends it)
+    marker = "\x00prefix\x00"  # text no message has (a NUL is refused nowhere, but no one sends it)
     marked = [*messages[:first], {**messages[first], "content": marker}]
     rendered = render(served, marked, tools, add_generation_prompt=False)
     return rendered[: rendered.index(marker)] if marker in rendered else ""
 
 
-def prompt(served: Served, messages: list[dict], tools: Tools | None, params, truncate: int | None, param: str):
+def fit_prompt(
+    served: Served, messages: list[dict], tools: Tools | None, params: SamplingParams, truncate: int | None, param: str
+) -> tuple[Prompt, ...]:
     """The one prompt a chat conversation runs as: rendered, checked against the context length
-    and cut where `truncate_prompt_tokens` asks, its head whole. Chat and Responses run it."""
+    and cut where `truncate_prompt_tokens` asks, its fixed prefix whole. Chat and Responses run it."""
     rendered = render(served, messages, tools)
-    heads = [head(served, messages, tools)]
+    prefixes = [fixed_prefix(served, messages, tools)]
     return context_length.fit(
         [rendered], truncate=truncate, max_tokens=params.max_tokens, param=param,
-        tokenizer=served.tokenizer, config=served.config, heads=heads,
+        tokenizer=served.tokenizer, config=served.config, prefixes=prefixes,
     )  # fmt: skip
-
-
-def plan(req: Chat, served: Served) -> Plan:
-    """A chat request's plan: its one rendered prompt, its parameters, and how it is answered."""
-    params = req.to_sampling_params(served.config)
-    prompts = prompt(served, req.template_messages, req.function_tools, params, req.truncate_prompt_tokens, "messages")
-    echoed = echo.for_chat(req.template_messages, req.top_logprobs) if req.echo else None
-    return req.to_plan(prompts, params, echoed, req.function_tools)

@@ -1,27 +1,20 @@
-"""What the OpenAI routes' bodies share (`/completions`, `/chat/completions`, both engines): the
-stream options, the echo and vLLM's prompt logprobs; each API's own model is in its module
-(completion.py, chat.py, responses.py, tokenize.py). vLLM's rule (its OpenAIBaseModel):
-extra="allow", a name nobody defined is logged at debug and ignored; the fields OpenAI or vLLM
-define and we do not implement are refused or ignored by service/openai/fields.py's table, which
-takes its honoured fields from these models. What the shapes mean: docs/openai.md."""
+"""What the OpenAI APIs' bodies share (`/completions`, `/chat/completions`, both engines): the
+stream options, the echo and vLLM's prompt logprobs; each API's own model is its folder's
+protocol.py. vLLM's rule (its OpenAIBaseModel): extra="allow", a name nobody defined is logged at
+debug and ignored; the fields OpenAI or vLLM define and we do not implement are refused or
+ignored by service/openai/fields.py's tables, which take their honoured fields from these models.
+What the shapes mean: docs/openai.md."""
 
 from __future__ import annotations
 
-import dataclasses
-from typing import TYPE_CHECKING, Annotated, ClassVar
+from typing import Annotated, ClassVar
 
 from pydantic import ConfigDict, Field
 
-from batcher.sampling import SamplingParams
 from service.config import Config
 from service.errors import InvalidRequest
-from service.plan import Plan
 from service.protocol.limits import AtMost
 from service.protocol.sampling import Flag, Int, Logprobs, Sampling, Strict
-
-if TYPE_CHECKING:
-    from service.openai.echo import Echo
-    from service.tools.spec import Tools
 
 OPEN = ConfigDict(extra="allow")
 MaxTokens = Annotated[Int, Field(ge=1), AtMost("max_new_tokens_limit")]
@@ -58,22 +51,3 @@ class OpenAIBody(Sampling):
         if self.stream and self.prompt_logprobs:  # vLLM's rule: chunks carry no prompt logprobs (0 asks for none)
             raise InvalidRequest("'prompt_logprobs' are not available with 'stream': true", param="prompt_logprobs")
         super().check_across_fields(config)
-
-    def to_plan(self, prompts, params: SamplingParams, echo: Echo | None = None, tools: Tools | None = None) -> Plan:
-        """The request's plan, once its API has its prompts as they run (service/openai/) and its
-        parameters: vLLM's `prompt_logprobs` where the request names them, else what `echo` asks for."""
-        asked = self.prompt_logprobs
-        prompt_logprobs = asked if asked is not None else echo.prompt_logprobs(params.logprobs) if echo else None
-        options = self.stream_options or StreamOptions()
-        return Plan(
-            prompts=prompts,
-            params=dataclasses.replace(params, prompt_logprobs=prompt_logprobs),
-            n=self.n or 1,
-            stream=bool(self.stream),
-            include_usage=bool(options.include_usage),
-            continuous_usage=bool(options.continuous_usage_stats),  # vLLM's: usage in every chunk too
-            echo=echo,
-            tools=tools,
-            details=bool(self.details),
-            max_queue_ms=self.max_queue_ms,
-        )

@@ -14,9 +14,9 @@ from batcher.sampling import SamplingParams
 from service import structured
 from service.config import Config
 from service.errors import InvalidRequest
-from service.protocol.chat import Part
+from service.openai.chat.protocol import Part
+from service.openai.protocol import OPEN, FunctionName, MaxTokens
 from service.protocol.limits import MAX_MESSAGES, MAX_TOOLS
-from service.protocol.openai import OPEN, FunctionName, MaxTokens
 from service.protocol.sampling import Flag, Number, Strict
 from service.tools import spec as tool_spec
 

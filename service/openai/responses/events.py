@@ -16,14 +16,14 @@ from collections.abc import Iterator
 from batcher.errors import EngineError
 from service import errors, generation
 from service.errors import ApiError
-from service.openai import responses
+from service.openai.responses import shape
 from service.tools.parser import Decoder
 from service.tools.spec import Tools
 
 
 class _Events:
-    def __init__(self, head: dict, tools: Tools | None):
-        self.head, self.decoder, self.number = head, Decoder(tools), 0
+    def __init__(self, response: dict, tools: Tools | None):
+        self.response, self.decoder, self.number = response, Decoder(tools), 0
         self.item: dict | None = None  # the output item, once its kind is known
         self.text = ""  # the message's text or the call's arguments so far
 
@@ -36,7 +36,7 @@ class _Events:
         return {"item_id": self.item["id"], "output_index": 0}
 
     def _open_message(self) -> Iterator[str]:
-        self.item = responses.message_item(f"msg_{uuid.uuid4().hex}", "", "in_progress")
+        self.item = shape.message_item(f"msg_{uuid.uuid4().hex}", "", "in_progress")
         self.item["content"] = []
         yield self.event("response.output_item.added", output_index=0, item=self.item)
         part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
@@ -46,7 +46,7 @@ class _Events:
         for kind, part in events:
             if kind == "call":
                 call = {"id": self.decoder.id, "function": {"name": part, "arguments": ""}}
-                self.item = responses.call_item(f"fc_{uuid.uuid4().hex}", call, "in_progress")
+                self.item = shape.call_item(f"fc_{uuid.uuid4().hex}", call, "in_progress")
                 yield self.event("response.output_item.added", output_index=0, item=self.item)
             elif kind == "arguments":
                 self.text += part
@@ -67,22 +67,22 @@ class _Events:
             done = {**self._where(), "name": item["name"], "arguments": self.text}
             yield self.event("response.function_call_arguments.done", **done)
         else:
-            item = responses.message_item(self.item["id"], self.text, status)
+            item = shape.message_item(self.item["id"], self.text, status)
             where = {**self._where(), "content_index": 0}
             yield self.event("response.output_text.done", **where, text=self.text, logprobs=[])
             yield self.event("response.content_part.done", **where, part=item["content"][0])
         yield self.event("response.output_item.done", output_index=0, item=item)
-        final = responses.finished(self.head, seq, item)
+        final = shape.finished(self.response, seq, item)
         kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
         yield self.event(kind, response=final)
 
 
-def events(pieces: generation.Pieces, head: dict, tools: Tools | None) -> Iterator[str]:
+def events(pieces: generation.Pieces, response: dict, tools: Tools | None) -> Iterator[str]:
     """Every event of the reply that `pieces` makes (one prompt, one sequence)."""
-    stream = _Events(head, tools)
+    stream = _Events(response, tools)
     try:
-        yield stream.event("response.created", response=head)
-        yield stream.event("response.in_progress", response=head)
+        yield stream.event("response.created", response=response)
+        yield stream.event("response.in_progress", response=response)
         for seq, text in pieces:
             if text is not None:
                 yield from stream.translate(stream.decoder.feed(str(text)))

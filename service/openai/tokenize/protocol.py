@@ -7,8 +7,8 @@ from typing import Annotated
 
 from pydantic import Field, PrivateAttr, ValidationInfo, model_validator
 
-from service.protocol.chat import Messages, check_messages
-from service.protocol.openai import OPEN
+from service.openai.chat.protocol import Messages, check_messages
+from service.openai.protocol import OPEN
 from service.protocol.sampling import Flag, Strict, TokenIds
 
 

@@ -1,26 +1,18 @@
-"""The demo routes' bodies: our own API, so a field outside them is a typo (extra="forbid": a 400
-`unknown_field` naming it, service/protocol/__init__.py). `/generate` and `/generate_vllm` take
-`prompts`; `/basic_generate` and the two streams one `prompt`; `/race` the page's feed."""
+"""The demo API's request bodies: our own API, so a field outside them is a typo (extra="forbid":
+a 400 `unknown_field` naming it, service/protocol/__init__.py). `/generate` and `/generate_vllm`
+take `prompts`; `/basic_generate` and the two streams one `prompt`; `/race` the page's feed.
+Validation and `to_sampling_params` only: the plan is serving.py's."""
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, ConfigDict, Field
-from pydantic_core import PydanticCustomError
+from pydantic import ConfigDict, Field
 
 from service.protocol.limits import AtMost
+from service.protocol.prompt import Prompt
 from service.protocol.sampling import Int, Sampling
 
-
-def _has_text(prompt: str) -> str:
-    if not prompt.strip():
-        raise PydanticCustomError("empty_prompt", "is empty")
-    return prompt
-
-
-# JSON Schema's pattern searches: some character that is not white space
-Prompt = Annotated[str, Field(strict=True, json_schema_extra={"pattern": r"\S"}), AfterValidator(_has_text)]
 Prompts = Annotated[list[Prompt], AtMost("max_prompts_per_request", too_many=True)]
 
 

@@ -1,5 +1,5 @@
 """`POST /v1/completions` (and `/static/v1/completions`): a string, strings, token ids or lists
-of them, vLLM's and OpenAI's fields (service/protocol/openai.py has what it shares with chat)."""
+of them, vLLM's and OpenAI's fields (service/openai/protocol.py has what it shares with chat)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pydantic_core import PydanticCustomError
 from batcher.sequence import Prompt as EnginePrompt
 from service.config import Config
 from service.errors import InvalidRequest
-from service.protocol.demo import Prompt
+from service.openai.protocol import OpenAIBody
 from service.protocol.limits import AtMost
-from service.protocol.openai import OpenAIBody
+from service.protocol.prompt import Prompt
 from service.protocol.sampling import Int, TokenIds
 
 TooMany = AtMost("max_prompts_per_request", too_many=True)

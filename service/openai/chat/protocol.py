@@ -10,8 +10,8 @@ from pydantic import ConfigDict, Field, PrivateAttr
 from batcher.grammar import StructuredSpec
 from service.config import Config
 from service.errors import InvalidRequest
+from service.openai.protocol import OPEN, FunctionName, MaxTokens, OpenAIBody
 from service.protocol.limits import MAX_MESSAGES, MAX_TOOLS
-from service.protocol.openai import OPEN, FunctionName, MaxTokens, OpenAIBody
 from service.protocol.sampling import Flag, Logprobs, Strict
 from service.tools import spec as tool_spec
 

@@ -1,0 +1,2 @@
+"""`/v1/chat/completions`: protocol (the request), template (the messages rendered),
+serving, shape (the reply), routes."""

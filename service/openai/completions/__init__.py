@@ -1,0 +1,1 @@
+"""`/v1/completions`: protocol (the request), serving, shape (the reply), routes."""

@@ -1,0 +1,21 @@
+"""`POST /completions` under each base URL (service/openai/router.py adds it)."""
+
+from __future__ import annotations
+
+from flask import request
+
+from service.http import lookup
+from service.http.body import json_body
+from service.openai import fields
+from service.openai.completions import serving
+from service.openai.completions.protocol import Completion
+
+
+def completions(engine: str):
+    req = fields.parse(json_body(request), Completion, "completions", lookup.config())
+    served = lookup.served()
+    served.check_model(req.model)
+    return serving.create_completion(req, served, lookup.run(engine, req.max_queue_ms))
+
+
+ROUTES = [("POST", "/completions", completions)]

@@ -1,0 +1,1 @@
+"""`/v1/models`: the served model's card."""

@@ -1,0 +1,1 @@
+"""vLLM's `/tokenize` and `/detokenize`: protocol, serving, routes."""
