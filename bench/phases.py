@@ -184,7 +184,7 @@ class Bench:
                     since = lambda: round(time.monotonic() - srv.started, 1)  # noqa: E731, B023
                     srv.wait_for(lambda h: status(h, "static") == "ready", STARTUP_TIMEOUT_S, "static engine ready")
                     row = {"start": kind, "static ready (s)": since()}
-                    time.sleep(1.0)  # the probe: a /generate sent 1 s after the static engine is ready
+                    time.sleep(1.0)  # the startup probe: a /generate sent 1 s after the static engine is ready
                     run = measure.post(srv.url, "/generate", {"prompts": measure.make_prompts(4)})
                     round_s = max(d["inference_ms"] for d in run.details) / 1000
                     row["first /generate answered (s)"] = since()

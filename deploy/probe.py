@@ -2,8 +2,8 @@
 its own from what the gunicorn worker last published (service/ops/beacon.py writes it into a folder).
 
 Why a process: the worker's own routes share one GIL with the engine threads, vLLM's scheduler
-and every stream's writer. On 2 cores with CPU hogs beside it, a flood made the worker's /health
-take 5.3 s (docs/performance.md#soak), and a liveness probe that waits that long restarts a busy,
+and every stream's writer. With CPU hogs beside it, a flood made the worker's /health take
+seconds (docs/performance.md#soak), and a liveness probe that waits that long restarts a busy,
 healthy pod. Here a probe reads one small file and answers; the worker's GIL is never waited for.
 What it cannot know, it says: no state yet is "starting", a state older than STALE_S is
 "unresponsive" (the worker stopped publishing: stuck, or gone), metrics older than STALE_S are a
@@ -40,7 +40,7 @@ STALE_S = 10.0
 LIVE_STALE_S = 60.0
 # Its niceness, where the process may raise its priority (CAP_SYS_NICE, e.g. as root): it uses
 # next to no CPU, and a probe should not wait behind the engines' threads or a noisy neighbour for
-# its turn on a core (on 2 cores with 2 CPU hogs, a probe of a file took over 1 s at niceness 0).
+# its turn on a core (docs/performance.md#soak: the probes' niceness, measured beside CPU hogs).
 # Elsewhere (a container's unprivileged user) it stays at its parent's.
 NICE = -10
 IDLE_S = 5.0  # a kubelet's probe or a scrape sends its request at once

@@ -52,6 +52,12 @@ class Run:
     predicted: Prediction | None = field(default=None, compare=False)
 
 
+# A request's `Run` under its body's `max_queue_ms` (service/http/lookup.py `run`, the engine
+# bound): a serving function asks for it once its plan is made, so that what the plan refuses
+# (the context length) is answered before the run's own checks (X-Max-Queue-Ms).
+RunFor = Callable[[float | None], Run]
+
+
 def deadline_exceeded(timeout: float) -> DeadlineExceeded:
     return DeadlineExceeded(f"request took longer than {timeout:g}s")
 

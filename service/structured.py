@@ -16,8 +16,8 @@ Two steps, both in the request thread, so that the model thread never compiles:
   not enforce); the spec stays uncompiled;
 - `compile_params`, from service/generation.py once the request has passed the context-length
   check and the engine's admission would take it: compiling costs CPU and a place in xgrammar's
-  cache, which a request refused with a 400, 429 or 503 must not take (3,000 tools once took
-  17.9 s to be answered 400 context_length_exceeded).
+  cache, which a request refused with a 400, 429 or 503 must not take (docs/operations.md,
+  limits per request).
 A bad spec raises `InvalidRequest` naming its field (OpenAI routes: 400 with `param`).
 """
 

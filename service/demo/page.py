@@ -7,7 +7,7 @@ import functools
 from flask import Blueprint, render_template, request
 
 from service.demo import serving
-from service.demo.protocol import Race as RaceBody
+from service.demo.protocol import Race
 from service.http import auth, lookup
 from service.http.body import json_body
 from service.protocol import validate
@@ -44,5 +44,5 @@ def race():
     "max_tokens"?, "ignore_eos"?}. Server-sent events, one per event of each prompt's reply."""
     auth.require_api_key()  # once for the race: the page itself stays open, its feed does not
     served = lookup.served()
-    body = validate(RaceBody, json_body(request), served.config)  # the generate routes' checks, the engine, the mode
+    body = validate(Race, json_body(request), served.config)  # the generate routes' checks, the engine, the mode
     return serving.race(body, served, functools.partial(lookup.run, body.engine))

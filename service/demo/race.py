@@ -40,7 +40,7 @@ MODES = ("concurrent", "batch")
 CHECK_S = 0.5
 
 
-class Race:
+class RaceFeed:
     """One engine's run of `prompts`; iterate it for the SSE lines of the feed."""
 
     def __init__(self, run: Run, mode: str, prompts: list[str], params: SamplingParams):

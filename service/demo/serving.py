@@ -7,23 +7,16 @@ validated body, what it is planned against and the way to its engine's `Run`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from flask import Response
 
 from batcher.sampling import SamplingParams
 from service import context_length, generation
 from service.demo import replies
-from service.demo.protocol import Generate, Single
-from service.demo.protocol import Race as RaceBody
-from service.demo.race import MODES, Race
-from service.generation import Run
+from service.demo.protocol import Generate, Race, Single
+from service.demo.race import MODES, RaceFeed
+from service.generation import RunFor
 from service.http import sse
 from service.plan import Plan, Served
-
-# The request's `Run` to its engine under the body's `max_queue_ms` (the view's lookup.run), asked
-# for once the plan is made, so that what the plan refuses is answered before the run's own checks.
-RunFor = Callable[[float | None], Run]
 
 
 def plan(req: Generate | Single, served: Served) -> Plan:
@@ -59,11 +52,11 @@ def generate_stream(req: Single, served: Served, run_for: RunFor) -> Response:
     return sse.response(replies.events(pieces, details=p.details, logprobs=p.logprobs))
 
 
-def race(req: RaceBody, served: Served, run_for: RunFor) -> Response:
+def race(req: Race, served: Served, run_for: RunFor) -> Response:
     """`POST /race`: the page's feed (race.py), checked and planned as the generate routes are."""
     p = plan(req, served)
     run = run_for(p.max_queue_ms)  # the generate routes' deadlines, admission's too
     run.engine.check_available()  # 503 now, before the feed: loading, failed, disabled, draining
     # the page's two knobs; every other field at its neutral default, greedy
     params = SamplingParams(max_tokens=p.params.max_tokens, ignore_eos=p.params.ignore_eos)
-    return sse.response(iter(Race(run, req.mode or MODES[0], p.prompts, params)))
+    return sse.response(iter(RaceFeed(run, req.mode or MODES[0], p.prompts, params)))

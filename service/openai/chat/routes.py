@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from flask import request
 
 from service.http import lookup
@@ -15,7 +17,7 @@ def chat_completions(engine: str):
     req = fields.parse(json_body(request), Chat, "chat", lookup.config())
     served = lookup.served()
     served.check_model(req.model)
-    return serving.create_chat_completion(req, served, lookup.run(engine, req.max_queue_ms))
+    return serving.create_chat_completion(req, served, functools.partial(lookup.run, engine))
 
 
 ROUTES = [("POST", "/chat/completions", chat_completions)]

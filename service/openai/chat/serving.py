@@ -9,7 +9,7 @@ from flask import Response
 
 from batcher.sequence import Sequence
 from batcher.tokens import TokenLogprob
-from service.generation import Run
+from service.generation import RunFor
 from service.openai import echo, serving
 from service.openai.chat.protocol import Chat
 from service.openai.chat.template import fit_prompt
@@ -19,12 +19,13 @@ from service.tools import parser
 from service.tools.spec import Tools
 
 
-def create_chat_completion(req: Chat, served: Served, run: Run) -> Response:
+def create_chat_completion(req: Chat, served: Served, run_for: RunFor) -> Response:
     params = req.to_sampling_params(served.config)
     messages, tools = req.template_messages, req.function_tools
     prompts = fit_prompt(served, messages, tools, params, req.truncate_prompt_tokens, "messages")
     echoed = echo.for_chat(messages, req.top_logprobs) if req.echo else None
-    return serving.respond(shape_for(tools), run, serving.plan(req, prompts, params, echoed, tools))
+    plan = serving.plan(req, prompts, params, echoed, tools)
+    return serving.respond(shape_for(tools), run_for(plan.max_queue_ms), plan)
 
 
 def logprobs(records: list[TokenLogprob] | None) -> dict | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from flask import request
 
 from service.http import lookup
@@ -15,7 +17,7 @@ def completions(engine: str):
     req = fields.parse(json_body(request), Completion, "completions", lookup.config())
     served = lookup.served()
     served.check_model(req.model)
-    return serving.create_completion(req, served, lookup.run(engine, req.max_queue_ms))
+    return serving.create_completion(req, served, functools.partial(lookup.run, engine))
 
 
 ROUTES = [("POST", "/completions", completions)]

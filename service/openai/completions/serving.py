@@ -11,14 +11,14 @@ from flask import Response
 from batcher.sequence import Sequence
 from batcher.tokens import TokenLogprob
 from service import context_length
-from service.generation import Run
+from service.generation import RunFor
 from service.openai import echo, serving
 from service.openai.completions.protocol import Completion
 from service.openai.serving import vllm_prompt_logprobs
 from service.plan import Served
 
 
-def create_completion(req: Completion, served: Served, run: Run) -> Response:
+def create_completion(req: Completion, served: Served, run_for: RunFor) -> Response:
     params = req.to_sampling_params(served.config)
     prompts = context_length.fit(
         req.prompts(), truncate=req.truncate_prompt_tokens, max_tokens=params.max_tokens, param="prompt",
@@ -26,7 +26,8 @@ def create_completion(req: Completion, served: Served, run: Run) -> Response:
     )  # fmt: skip
     # the echo is of the prompts as they run (cut where `truncate_prompt_tokens` asked)
     echoed = echo.for_completions(prompts, req.echo_only, served.tokenizer) if req.echo else None
-    return serving.respond(TextShape(), run, serving.plan(req, prompts, params, echoed))
+    plan = serving.plan(req, prompts, params, echoed)
+    return serving.respond(TextShape(), run_for(plan.max_queue_ms), plan)
 
 
 def logprobs(records: list[TokenLogprob] | None, offset: int = 0) -> dict | None:

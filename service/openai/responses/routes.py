@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from flask import request
 
 from service.http import lookup
@@ -15,7 +17,7 @@ def create_response(engine: str):
     req = fields.parse(json_body(request), Responses, "responses", lookup.config())
     served = lookup.served()
     served.check_model(req.model)
-    return serving.create_response(req, served, lookup.run(engine))
+    return serving.create_response(req, served, functools.partial(lookup.run, engine))
 
 
 ROUTES = [("POST", "/responses", create_response)]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from flask import Response, jsonify
 
 from service import generation
-from service.generation import Run
+from service.generation import RunFor
 from service.http import sse
 from service.openai.chat.template import fit_prompt
 from service.openai.responses import events, shape
@@ -17,11 +17,12 @@ from service.openai.responses.protocol import Responses
 from service.plan import Plan, Served
 
 
-def create_response(req: Responses, served: Served, run: Run) -> Response:
+def create_response(req: Responses, served: Served, run_for: RunFor) -> Response:
     response = shape.new_response(served.config.model_name, req)
     params = req.to_sampling_params(served.config)
     prompts = fit_prompt(served, req.template_messages, req.function_tools, params, None, "input")
     plan = Plan(prompts=prompts, params=params, stream=bool(req.stream), tools=req.function_tools)
+    run = run_for(None)  # no `max_queue_ms` in a Responses body: X-Max-Queue-Ms alone
     if plan.stream:
         pieces = generation.Pieces(run, plan.prompts, plan.params)
         return sse.response(events.events(pieces, response, plan.tools))
