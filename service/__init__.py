@@ -18,6 +18,8 @@ from service.demo import page
 from service.demo import routes as demo_routes
 from service.http import admission, inflight, lookup, request_id
 from service.http.state import KEY, AppState, app_state
+from service.jobs.runner import BatchRunner
+from service.jobs.store import Store
 from service.openai import router as openai_router
 from service.ops import live, openapi
 from service.ops import routes as ops_routes
@@ -68,7 +70,9 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
         started_at=int(time.time()),
         # for chat templates (the same rendering for both engines); loaded on first use
         load_tokenizer=functools.cache(lambda: AutoTokenizer.from_pretrained(path)),
+        store=Store(config.database),
     )
+    app_state(app).runner = BatchRunner(app, app_state(app).store)
 
     for blueprint in (ops_routes.bp, live.bp, page.bp, openapi.bp):
         app.register_blueprint(blueprint)
@@ -82,6 +86,7 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
     if start:
         static_engine.start()
         vllm_engine.start()
+        app_state(app).runner.start()
     return app
 
 
@@ -98,6 +103,7 @@ def shutdown(app: Flask, timeout: float = 30.0) -> dict[str, tuple[int, int]]:
     engines = state.engines
     for eng in engines.values():
         eng.wait_drained(max(0.0, deadline - time.monotonic()))
+    state.runner.stop(max(1.0, deadline - time.monotonic()))
     counts = {}
     for name, eng in engines.items():
         eng.stop(max(1.0, deadline - time.monotonic()))
@@ -117,7 +123,9 @@ def shutdown(app: Flask, timeout: float = 30.0) -> dict[str, tuple[int, int]]:
 def begin_shutdown(app: Flask) -> None:
     """Non-blocking first half of `shutdown`, safe in a signal handler: every engine refuses new
     work from now on (503 `shutting_down`, /health 503 "draining"); what it holds goes on."""
-    for eng in app_state(app).engines.values():
+    state = app_state(app)
+    state.runner.halt()  # no new batch line; the ones in flight drain with the engines
+    for eng in state.engines.values():
         eng.begin_drain()
 
 

@@ -19,10 +19,8 @@ VLLM_AS_SET = "max_num_seqs max_model_len kv_cache_gib gpu_memory_utilization ma
 
 
 # Threads a generate request never takes (MAX_INFLIGHT_REQUESTS' default is THREADS less these):
-# they answer /health, /metrics and the 429s past the cap. The GIL runs those answers one at a
-# time, so more threads would not drain a flood faster; a few spare ones cover clients that send
-# a body slowly (gunicorn gives one 5 s before it lets go of the thread) while a probe still
-# finds one free.
+# they answer /health, /metrics and the 429s past the cap, one at a time under the GIL; a few
+# spare ones cover clients that send a body slowly while a probe still finds one free.
 PROBE_THREADS = 8
 
 
@@ -37,8 +35,8 @@ def between(low: float | None = None, high: float | None = None, *, above: float
     return Field(ge=low, le=high, gt=above)
 
 
-# Ranges are generous: they keep out what cannot work (0 threads, a negative timeout, NaN), not
-# what is merely unusual. A day bounds the timeouts: a longer one is a typo, not a plan.
+# Ranges keep out what cannot work (0 threads, a negative timeout, NaN), not what is unusual.
+# A day bounds the timeouts: a longer one is a typo, not a plan.
 DAY_S = 86400
 
 
@@ -79,13 +77,11 @@ class Config:
     # gunicorn's gthread threads (gunicorn.conf.py reads this field): a request holds one while
     # it is served, a generate request until its reply or stream ends
     threads: Annotated[int, between(2, 10_000)] = 128
-    # generate requests (every route that runs prompts) served at once; past it, 429 `too_busy` at
-    # once (service/http/inflight.py). 0: THREADS - PROBE_THREADS, the threads left for /health, /metrics
-    # and the refusals themselves
+    # generate requests served at once; past it, 429 `too_busy` (service/http/inflight.py).
+    # 0: THREADS - PROBE_THREADS, the threads left for /health, /metrics and the refusals
     max_inflight_requests: Annotated[int, between(0, 10_000)] = 0
-    # a small process of its own answers /health, /livez and /metrics on this port from what the
-    # worker publishes (deploy/probe.py), never behind the worker's GIL: point the orchestrator's
-    # probes and the scrapes here. 0: none (the worker's own routes still answer)
+    # a process of its own answers /health, /livez and /metrics here from what the worker
+    # publishes (deploy/probe.py), never behind its GIL; 0: none (the worker's routes still answer)
     probe_port: Annotated[int, between(0, 65535)] = 0
     torch_threads: Annotated[int, between(0, 4096)] = 0  # 0: every core the process may use
     # auto: from the profile on a CPU (fp32 eager without one); compiled on a GPU
@@ -106,6 +102,11 @@ class Config:
     graceful_timeout: Annotated[int, between(1, DAY_S)] = 30  # shutdown grace, which bounds the drain
     replicas: Annotated[int, between(1, 256)] = 2  # `make cluster`'s gunicorns
     client_timeout_s: Annotated[int, between(1, DAY_S)] = 30  # nginx's wait for a request's headers and body
+    # batch jobs (service/jobs/): files and batches, kept in a database every replica shares
+    data_dir: str = ".data"  # the embedded database (SQLite, WAL) lives here
+    database_url: str = ""  # "": sqlite under DATA_DIR; postgresql+psycopg://... past one box
+    max_file_bytes: Annotated[int, between(1, 1 << 40)] = 200 << 20  # an uploaded file (OpenAI's bound)
+    max_batch_lines: Annotated[int, between(1, 10_000_000)] = 50_000  # lines per batch (OpenAI's bound)
 
     def __post_init__(self) -> None:
         if self.api_key is not None and not self.api_keys:
@@ -153,12 +154,16 @@ class Config:
         return [key.strip() for key in (self.api_key or "").split(",") if key.strip()]
 
     @property
+    def database(self) -> str:
+        """DATABASE_URL, or the SQLite file under DATA_DIR."""
+        return self.database_url or f"sqlite:///{os.path.join(self.data_dir, 'jobs.sqlite3')}"
+
+    @property
     def inflight_limit(self) -> int:
         """MAX_INFLIGHT_REQUESTS, or THREADS less the threads kept for the probes."""
         return self.max_inflight_requests or self.threads - PROBE_THREADS
 
-    # --- each engine's slice, every auto resolved (batcher/device.py; imported here, not at the
-    # top, because it imports torch and deploy/ and the gunicorn master read Config without it)
+    # each engine's slice, every auto resolved (batcher/device.py: imported late, it imports torch)
     def static_engine(self, model_path: str) -> StaticSettings:
         from batcher.device import pick, pick_device, switch
 

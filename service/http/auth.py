@@ -22,6 +22,15 @@ def require_api_key() -> None:
         raise Unauthorized("missing or wrong API key: send 'Authorization: Bearer <key>'")
 
 
+def request_key() -> str | None:
+    """The key this request was let in with (its bearer token), None while the service is open:
+    what owns the files and batches it makes (service/jobs/store.py `owner_of`)."""
+    if not current().config.api_keys:
+        return None
+    require_api_key()
+    return request.headers.get("Authorization", "").partition(" ")[2].strip()
+
+
 def protect(bp: Blueprint) -> Blueprint:
     bp.before_request(require_api_key)
     return bp

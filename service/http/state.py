@@ -17,6 +17,8 @@ from service.config import Config
 
 if TYPE_CHECKING:
     from service.http.inflight import InflightGate
+    from service.jobs.runner import BatchRunner
+    from service.jobs.store import Store
 
 KEY = "service"  # its one place in Flask's `app.extensions`
 
@@ -29,6 +31,8 @@ class AppState:
     model_path: str  # the served model's folder (/v1/models' `root`)
     started_at: int  # Unix seconds (/v1/models' `created`)
     load_tokenizer: Callable[[], Any]  # cached: loaded on first use, once
+    store: Store | None = None  # files and batch jobs (service/jobs/store.py)
+    runner: BatchRunner | None = None  # runs the batches' lines (service/jobs/runner.py)
     inflight: InflightGate | None = None  # the cap on generate requests (service/http/inflight.py)
     openapi: bytes | None = None  # /openapi.json, built at its first request (service/ops/openapi.py)
     drained: dict[str, tuple[int, int]] | None = None  # set by `shutdown`: per engine, (finished, abandoned)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import queue
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -36,9 +37,11 @@ BASES = pytest.mark.parametrize("base", ["/v1", "/static/v1"])  # vLLM's OpenAI 
 
 
 def pin_environment() -> None:
-    """PINNED into os.environ where the operator has not set the name."""
+    """PINNED into os.environ where the operator has not set the name, and DATA_DIR a folder of
+    this test process's own: no test's batch runs in another's runner, nor in the checkout's."""
     for name, value in PINNED.items():
         os.environ.setdefault(name, value)
+    os.environ.setdefault("DATA_DIR", tempfile.mkdtemp(prefix="batcher-test-data-"))
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:

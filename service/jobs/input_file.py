@@ -1,0 +1,74 @@
+"""A batch's input file read as OpenAI reads it: JSONL, one request a line, `{"custom_id",
+"method": "POST", "url", "body"}`, every url the batch's endpoint, every custom_id its own.
+A file that breaks a rule fails the whole batch, each fault an entry of its `errors` (OpenAI's
+{code, message, param, line}); a line whose body the route refuses is not a fault of the file:
+it runs, and its answer is the route's error (runner.py)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+MAX_ERRORS = 20  # what a failed batch lists of its file's faults; the count says the rest
+
+
+@dataclass(frozen=True)
+class Request:
+    line: int  # 1-based, as an editor counts
+    custom_id: str
+    body: dict
+
+
+def read(content: bytes, endpoint: str, max_lines: int) -> tuple[list[Request], list[dict]]:
+    """(the requests, []) or ([], the faults that fail the batch)."""
+    try:
+        text = content.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return [], [_fault("invalid_json_line", f"the file is not UTF-8 text: {exc.reason}", None)]
+    rows = [(n, raw) for n, raw in enumerate(text.splitlines(), 1) if raw.strip()]
+    if not rows:
+        return [], [_fault("empty_file", "the input file holds no requests", None)]
+    if len(rows) > max_lines:
+        message = f"{len(rows)} requests; a batch holds at most {max_lines} (MAX_BATCH_LINES)"
+        return [], [_fault("too_many_requests", message, None)]
+    requests, faults, seen = [], [], set()
+    for n, raw in rows:
+        request, fault = _line(n, raw, endpoint)
+        if fault is None and request.custom_id in seen:
+            fault = _fault("duplicate_custom_id", f"custom_id '{request.custom_id}' is used twice", "custom_id", n)
+        if fault is not None:
+            faults.append(fault)
+            continue
+        seen.add(request.custom_id)
+        requests.append(request)
+    if faults:
+        more = len(faults) - MAX_ERRORS
+        shown = faults[:MAX_ERRORS]
+        if more > 0:
+            shown.append(_fault("more_errors", f"and {more} more lines like these", None))
+        return [], shown
+    return requests, []
+
+
+def _line(n: int, raw: str, endpoint: str) -> tuple[Request | None, dict | None]:
+    try:
+        item = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        return None, _fault("invalid_json_line", f"not a JSON object: {exc.msg}", None, n)
+    if not isinstance(item, dict):
+        return None, _fault("invalid_json_line", "not a JSON object", None, n)
+    custom_id, method, url, body = (item.get(k) for k in ("custom_id", "method", "url", "body"))
+    if not isinstance(custom_id, str) or not custom_id:
+        return None, _fault("missing_required_parameter", "'custom_id' must be a non-empty string", "custom_id", n)
+    if method != "POST":
+        return None, _fault("invalid_method", "'method' must be POST", "method", n)
+    if url != endpoint:
+        message = f"'url' is {url!r}; every request of this batch goes to its endpoint, {endpoint}"
+        return None, _fault("mismatched_endpoint", message, "url", n)
+    if not isinstance(body, dict):
+        return None, _fault("invalid_request", "'body' must be a JSON object", "body", n)
+    return Request(n, custom_id, body), None
+
+
+def _fault(code: str, message: str, param: str | None, line: int | None = None) -> dict:
+    return {"code": code, "message": message, "param": param, "line": line}

@@ -1,0 +1,239 @@
+"""The files and batches of the Files and Batches APIs, as the routes read and write them: one
+`Store` over the database (tables.py), SQLite embedded or PostgreSQL shared. Every read is by
+owner (`owner_of`: a hash of the API key, never the key), so another key's file or batch is
+absent. What the runner needs of the lines is lines.py."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+import uuid
+from dataclasses import dataclass, fields
+
+from sqlalchemy import func, insert, select, update
+
+from service.jobs import tables
+from service.jobs.tables import batches, files, lines
+
+log = logging.getLogger(__name__)
+
+WINDOW_S = {"24h": 24 * 3600}  # completion windows OpenAI offers, and how long each is
+EVENTS = "in_progress expires finalizing completed failed expired cancelling cancelled".split()
+
+
+def owner_of(api_key: str | None) -> str:
+    """Who owns what a request makes: "" while the service is open, else its key's hash."""
+    return "" if api_key is None else hashlib.sha256(api_key.encode()).hexdigest()[:32]
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    id: str
+    owner: str
+    purpose: str
+    filename: str
+    bytes: int
+    created_at: int
+
+    def to_openai(self) -> dict:
+        return {
+            "id": self.id,
+            "object": "file",
+            "bytes": self.bytes,
+            "created_at": self.created_at,
+            "filename": self.filename,
+            "purpose": self.purpose,
+            "status": "processed",
+            "expires_at": None,
+            "status_details": None,
+        }
+
+
+@dataclass(frozen=True)
+class BatchRecord:
+    id: str
+    owner: str
+    engine: str
+    endpoint: str
+    input_file_id: str
+    completion_window: str
+    status: str
+    metadata: dict | None
+    errors: list[dict] | None
+    output_file_id: str | None
+    error_file_id: str | None
+    created_at: int
+    in_progress_at: int | None
+    expires_at: int | None
+    finalizing_at: int | None
+    completed_at: int | None
+    failed_at: int | None
+    expired_at: int | None
+    cancelling_at: int | None
+    cancelled_at: int | None
+    total: int = 0  # request_counts, live from its lines
+    completed: int = 0
+    failed: int = 0
+
+    def to_openai(self) -> dict:
+        shown = {f.name: getattr(self, f.name) for f in fields(self)}
+        for name in ("owner", "engine", "total", "completed", "failed", "errors"):
+            del shown[name]
+        errors = {"object": "list", "data": self.errors} if self.errors else None
+        counts = {"total": self.total, "completed": self.completed, "failed": self.failed}
+        return {**shown, "object": "batch", "errors": errors, "request_counts": counts}
+
+
+FILE_COLUMNS = [files.c[f.name] for f in fields(FileRecord)]
+BATCH_COLUMNS = [batches.c[f.name] for f in fields(BatchRecord) if f.name not in ("total", "completed", "failed")]
+
+
+class Store:
+    def __init__(self, url: str):
+        self.db = tables.connect(url)
+
+    # --- files ------------------------------------------------------------------------------
+    def add_file(self, owner: str, purpose: str, filename: str, content: bytes) -> FileRecord:
+        """Written whole in one transaction: a file is there with all its bytes, or not at all."""
+        record = FileRecord(new_id("file"), owner, purpose, filename, len(content), int(time.time()))
+        with self.db.begin() as db:
+            db.execute(insert(files).values(**record.__dict__, content=content))
+        return record
+
+    def file(self, owner: str, file_id: str) -> FileRecord | None:
+        with self.db.connect() as db:
+            row = db.execute(select(*FILE_COLUMNS).where(files.c.id == file_id, files.c.owner == owner)).first()
+        return None if row is None else FileRecord(*row)
+
+    def files(
+        self, owner: str, *, purpose: str | None = None, after: str | None = None, limit: int = 10000, order="desc"
+    ) -> list[FileRecord]:
+        """Newest first (`order="asc"`: oldest first); `after`: a file id, the ones past it in that order."""
+        query = select(*FILE_COLUMNS).where(files.c.owner == owner)
+        if purpose is not None:
+            query = query.where(files.c.purpose == purpose)
+        key = (files.c.created_at, files.c.id)
+        if after is not None:
+            mark = select(files.c.created_at, files.c.id).where(files.c.id == after).subquery()
+            past = (key[0] < mark.c.created_at) | ((key[0] == mark.c.created_at) & (key[1] < mark.c.id))
+            if order == "asc":
+                past = (key[0] > mark.c.created_at) | ((key[0] == mark.c.created_at) & (key[1] > mark.c.id))
+            query = query.where(past)
+        ordering = [k.asc() for k in key] if order == "asc" else [k.desc() for k in key]
+        with self.db.connect() as db:
+            return [FileRecord(*row) for row in db.execute(query.order_by(*ordering).limit(limit))]
+
+    def content(self, owner: str, file_id: str) -> bytes | None:
+        with self.db.connect() as db:
+            return db.execute(select(files.c.content).where(files.c.id == file_id, files.c.owner == owner)).scalar()
+
+    def delete_file(self, owner: str, file_id: str) -> bool:
+        with self.db.begin() as db:
+            return db.execute(files.delete().where(files.c.id == file_id, files.c.owner == owner)).rowcount > 0
+
+    # --- batches ----------------------------------------------------------------------------
+    def add_batch(
+        self, owner: str, engine: str, endpoint: str, input_file_id: str, completion_window: str, metadata
+    ) -> BatchRecord:
+        """A new batch, `validating` until the runner has read its file."""
+        now = int(time.time())
+        values = {
+            "id": new_id("batch"),
+            "owner": owner,
+            "engine": engine,
+            "endpoint": endpoint,
+            "input_file_id": input_file_id,
+            "completion_window": completion_window,
+            "status": "validating",
+            "metadata": metadata,
+            "created_at": now,
+            "expires_at": now + WINDOW_S[completion_window],
+        }
+        with self.db.begin() as db:
+            db.execute(insert(batches).values(**values))
+        log.info("batch %s: validating (%s on the %s engine)", values["id"], endpoint, engine)
+        return self.batch(owner, values["id"])
+
+    def batch(self, owner: str | None, batch_id: str) -> BatchRecord | None:
+        """`owner` None: whoever owns it (the runner's view)."""
+        query = select(*BATCH_COLUMNS).where(batches.c.id == batch_id)
+        if owner is not None:
+            query = query.where(batches.c.owner == owner)
+        with self.db.connect() as db:
+            row = db.execute(query).first()
+            return None if row is None else self._counted(db, row)
+
+    def batches(self, owner: str, *, after: str | None = None, limit: int = 20) -> list[BatchRecord]:
+        """Newest first; `after`: a batch id, the ones made before it."""
+        query = select(*BATCH_COLUMNS).where(batches.c.owner == owner)
+        if after is not None:
+            mark = select(batches.c.created_at, batches.c.id).where(batches.c.id == after).subquery()
+            older = (batches.c.created_at < mark.c.created_at) | (
+                (batches.c.created_at == mark.c.created_at) & (batches.c.id < mark.c.id)
+            )
+            query = query.where(older)
+        query = query.order_by(batches.c.created_at.desc(), batches.c.id.desc()).limit(limit)
+        with self.db.connect() as db:
+            return [self._counted(db, row) for row in db.execute(query).all()]
+
+    def batches_in(self, *statuses: str) -> list[BatchRecord]:
+        """Every owner's batches in these states, oldest first (the runner's work)."""
+        query = select(*BATCH_COLUMNS).where(batches.c.status.in_(statuses)).order_by(batches.c.created_at)
+        with self.db.connect() as db:
+            return [self._counted(db, row) for row in db.execute(query).all()]
+
+    def cancel(self, owner: str, batch_id: str) -> BatchRecord | None:
+        """validating or in_progress -> cancelling (the runner ends it); any other state stays."""
+        self.move(batch_id, "cancelling", only_from=("validating", "in_progress"), owner=owner)
+        return self.batch(owner, batch_id)
+
+    def move(self, batch_id: str, status: str, *, only_from=None, owner: str | None = None, **values) -> bool:
+        """The batch to `status`, its timestamp set (OpenAI's `<status>_at`), if it is in one of
+        `only_from` (any state: None). Returns whether it moved."""
+        now = int(time.time())
+        stamp = {f"{status}_at": now} if status in EVENTS else {}
+        query = update(batches).where(batches.c.id == batch_id)
+        if only_from is not None:
+            query = query.where(batches.c.status.in_(only_from))
+        if owner is not None:
+            query = query.where(batches.c.owner == owner)
+        with self.db.begin() as db:
+            moved = db.execute(query.values(status=status, **stamp, **values)).rowcount > 0
+        if moved:
+            log.info("batch %s: %s", batch_id, status)
+        return moved
+
+    def finish(self, batch: BatchRecord, status: str, output: bytes, errors: bytes) -> bool:
+        """A finalizing batch ends `status` with its output and error files (none where empty),
+        all in one transaction: after a crash it is finalizing still, with no file, or done."""
+        now = int(time.time())
+        made = {  # column -> (file id, its name, its bytes)
+            column: (new_id("file"), f"{batch.id}_{kind}.jsonl", content)
+            for column, kind, content in (("output_file_id", "output", output), ("error_file_id", "error", errors))
+            if content
+        }
+        ended = update(batches).where(batches.c.id == batch.id, batches.c.status == "finalizing")
+        ids = {column: file_id for column, (file_id, _, _) in made.items()}
+        with self.db.begin() as db:
+            if db.execute(ended.values(status=status, **{f"{status}_at": now}, **ids)).rowcount == 0:
+                return False  # another worker finished it
+            for file_id, filename, content in made.values():
+                row = {"id": file_id, "owner": batch.owner, "purpose": "batch_output", "filename": filename}
+                db.execute(insert(files).values(**row, bytes=len(content), created_at=now, content=content))
+        log.info("batch %s: %s (%d completed, %d failed)", batch.id, status, batch.completed, batch.failed)
+        return True
+
+    def _counted(self, db, row) -> BatchRecord:
+        """The batch with its request_counts, from its lines as they are now."""
+        counts = select(
+            func.count(),
+            func.count().filter((lines.c.state == "done") & (lines.c.status_code == 200)),
+            func.count().filter((lines.c.state == "done") & (lines.c.status_code.is_distinct_from(200))),
+        ).where(lines.c.batch_id == row.id)
+        total, completed, failed = db.execute(counts).one()
+        return BatchRecord(*row, total=total, completed=completed, failed=failed)
