@@ -66,6 +66,7 @@ def render(s: Settings, down: int | None = None) -> Path:
         "fail_timeout_s": FAIL_TIMEOUT_S,
         "read_timeout_s": int(s.request_timeout_s) + 30,
         "max_body_bytes": s.max_body_bytes,
+        "max_upload_bytes": s.max_upload_bytes,
         "client_timeout_s": s.client_timeout_s,
         # gunicorn's master kills a worker still draining at GRACEFUL_TIMEOUT; then it exits itself
         "stop_wait_s": s.graceful_timeout_s + 15,

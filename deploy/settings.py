@@ -30,6 +30,7 @@ class Settings:
     replica_host: str = DEFAULT_HOST  # where the replicas bind (REPLICA_HOST: e.g. for /metrics per replica)
     logs_to_terminal: bool = False  # the replicas' output on supervisord's stdout, not in files
     has_api_key: bool = False  # API_KEY set (the warning about a listener beyond loopback)
+    max_upload_bytes: int = (200 << 20) + (64 << 10)  # a file upload's body (Config.max_upload_bytes)
     # replica i binds, and nginx and the health checks reach it, at replica_hosts[i-1]; empty: every
     # replica at replica_host
     replica_hosts: tuple[str, ...] = ()
@@ -64,6 +65,7 @@ class Settings:
             preload=os.environ.get("REPLICA_PRELOAD", ""),
             replica_host=os.environ.get("REPLICA_HOST") or DEFAULT_HOST,
             has_api_key=bool(config.api_keys),
+            max_upload_bytes=config.max_upload_bytes,
         )
 
     def save(self) -> None:

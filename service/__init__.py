@@ -81,7 +81,8 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
     errors.register(app)
     request_id.register(app)  # first of the app's hooks
     _observe_requests(app, metrics)
-    inflight.register(app, config.inflight_limit, CAPPED_BLUEPRINTS)  # after the hooks a refusal needs
+    # after the hooks a refusal needs; files and batches are storage, outside the cap
+    inflight.register(app, config.inflight_limit, CAPPED_BLUEPRINTS, openai_router.storage_endpoints())
 
     if start:
         static_engine.start()

@@ -36,8 +36,8 @@ def between(low: float | None = None, high: float | None = None, *, above: float
 
 
 # Ranges keep out what cannot work (0 threads, a negative timeout, NaN), not what is unusual.
-# A day bounds the timeouts: a longer one is a typo, not a plan.
-DAY_S = 86400
+DAY_S = 86400  # bounds the timeouts: a longer one is a typo, not a plan
+FORM_ROOM = 64 * 1024  # what a multipart upload holds besides its file: boundaries, part headers
 
 
 @dataclass(frozen=True, config=ConfigDict(allow_inf_nan=False, extra="forbid"))
@@ -51,9 +51,8 @@ class Config:
     cache_dir: str = DEFAULT_CACHE_DIR
     profile_dir: str = DEFAULT_PROFILE_DIR  # the machine profiles (one JSON per machine key)
     served_model_name: str = ""  # the id in /v1/models; "": the model folder's name (or MODEL itself)
-    # API_KEY: one key or several, comma-separated; when set, the generate routes want
-    # "Authorization: Bearer <key>". None (unset): open, for localhost. Set but holding no usable
-    # key (blank, commas only: an empty Secret) is a start error, never an open service.
+    # API_KEY: one key or several, comma-separated: "Authorization: Bearer <key>". Unset: open,
+    # for localhost. Set but holding no usable key (an empty Secret) is a start error.
     api_key: str | None = field(default=None, repr=False)
     # CHAT_TEMPLATE: a Jinja chat template file that replaces the model's own (vLLM's --chat-template)
     chat_template: str = ""
@@ -69,13 +68,11 @@ class Config:
     max_n: Annotated[int, between(1, 1024)] = 8  # largest n (completions per prompt) a request may ask for
     max_body_bytes: Annotated[int, between(1024, 1 << 30)] = 1 << 20
     request_timeout_s: Annotated[float, between(high=DAY_S, above=0)] = 120.0
-    # an engine that holds work and makes no progress (no token, no finished round or step) for
-    # this long is failed: /health 503, its requests 503, and the process leaves (crash-only)
+    # an engine holding work with no progress (token, round, step) this long is failed (crash-only)
     engine_stall_s: Annotated[float, between(high=DAY_S, above=0)] = 300.0
     # xgrammar's cache of compiled grammars, per process (vLLM caps its own at 512 MB)
     grammar_cache_mb: Annotated[int, between(1, 1 << 20)] = 512
-    # gunicorn's gthread threads (gunicorn.conf.py reads this field): a request holds one while
-    # it is served, a generate request until its reply or stream ends
+    # gunicorn's gthread threads: a request holds one while served, a stream until it ends
     threads: Annotated[int, between(2, 10_000)] = 128
     # generate requests served at once; past it, 429 `too_busy` (service/http/inflight.py).
     # 0: THREADS - PROBE_THREADS, the threads left for /health, /metrics and the refusals
@@ -159,11 +156,14 @@ class Config:
         return self.database_url or f"sqlite:///{os.path.join(self.data_dir, 'jobs.sqlite3')}"
 
     @property
+    def max_upload_bytes(self) -> int:  # an upload's body: the file and the form around it
+        return self.max_file_bytes + FORM_ROOM
+
+    @property
     def inflight_limit(self) -> int:
         """MAX_INFLIGHT_REQUESTS, or THREADS less the threads kept for the probes."""
         return self.max_inflight_requests or self.threads - PROBE_THREADS
 
-    # each engine's slice, every auto resolved (batcher/device.py: imported late, it imports torch)
     def static_engine(self, model_path: str) -> StaticSettings:
         from batcher.device import pick, pick_device, switch
 

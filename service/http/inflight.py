@@ -60,13 +60,17 @@ class InflightGate:
             self._held -= 1
 
 
-def _runs_prompts(blueprints: set[str]) -> bool:
-    # every POST of a generate blueprint runs prompts (their GETs list models or answer 404)
-    return (request.method == "POST" and request.blueprint in blueprints) or request.endpoint in OTHER_ENDPOINTS
+def _runs_prompts(blueprints: set[str], uncapped: frozenset[str]) -> bool:
+    # every POST of a generate blueprint runs prompts (their GETs list models or answer 404), but
+    # `uncapped`'s: an upload or a new batch is stored and answered at once, its lines run later in
+    # the engine's spare room, so a full cap must not refuse it as if it were a generate request
+    posted = request.method == "POST" and request.blueprint in blueprints and request.endpoint not in uncapped
+    return posted or request.endpoint in OTHER_ENDPOINTS
 
 
-def register(app: Flask, limit: int, blueprints: set[str]) -> InflightGate:
-    """Gate the generate routes of `blueprints` (and OTHER_ENDPOINTS) at `limit` requests.
+def register(app: Flask, limit: int, blueprints: set[str], uncapped: frozenset[str] = frozenset()) -> InflightGate:
+    """Gate the generate routes of `blueprints` (and OTHER_ENDPOINTS, but not the endpoints in
+    `uncapped`, which run no prompt) at `limit` requests.
 
     Register it after the hooks that every answer relies on (the request id, the clock that
     times it): a refusal skips the before-request hooks after it. A reply gives its slot back
@@ -78,7 +82,7 @@ def register(app: Flask, limit: int, blueprints: set[str]) -> InflightGate:
 
     @app.before_request
     def _enter() -> None:
-        if not _runs_prompts(blueprints):
+        if not _runs_prompts(blueprints, uncapped):
             return
         # Every gated route wants the key (its blueprint's hook, or the race feed's view, asks
         # again, after this app-wide hook). Asked first here: a request the key refuses gets its

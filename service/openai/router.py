@@ -5,7 +5,8 @@ that speaks the OpenAI API, compares the two engines by its base URL alone.
 
 Each API's routes.py lists its thin views (ROUTES); here they join their family's blueprint,
 which asks for the API key, answers errors in OpenAI's shape, answers 503 for an engine that
-cannot serve now, and (under `/v1`) 404 for any other path.
+cannot serve now (but on the Files and Batches routes, STORAGE, which generate nothing), and
+(under `/v1`) 404 for any other path.
 """
 
 from __future__ import annotations
@@ -15,13 +16,19 @@ from werkzeug.exceptions import NotFound
 
 from service import errors
 from service.http import auth, lookup
+from service.openai.batches import routes as batches
 from service.openai.chat import routes as chat
 from service.openai.completions import routes as completions
+from service.openai.files import routes as files
 from service.openai.models import routes as models
 from service.openai.responses import routes as responses
 from service.openai.tokenize import routes as tokenize
 
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+# Files and Batches keep what is sent for later: they run no prompt, so they answer whatever the
+# engine's state (a batch made while its engine loads runs once it is ready)
+STORAGE = (files, batches)
+STORAGE_VIEWS = frozenset(view.__name__ for api in STORAGE for _, _, view in api.ROUTES)
 
 
 def unknown_path(engine: str, unknown: str):
@@ -31,8 +38,9 @@ def unknown_path(engine: str, unknown: str):
 
 
 def _engine_available() -> None:
-    """Every route of a loading, failed, disabled or stopping engine answers 503 with the reason."""
-    if request.view_args is not None and request.endpoint.rsplit(".", 1)[-1] != unknown_path.__name__:
+    """Every route of a loading, failed, disabled or stopping engine answers 503 with the reason,
+    but for ENGINE_FREE's."""
+    if request.view_args is not None and request.endpoint.rsplit(".", 1)[-1] not in ENGINE_FREE:
         lookup.engine(request.view_args["engine"]).check_available()
 
 
@@ -47,9 +55,10 @@ def _family(name: str, apis) -> Blueprint:
     return bp
 
 
-openai = _family("openai", (completions, chat, responses, models))
+openai = _family("openai", (completions, chat, responses, models, *STORAGE))
 openai.add_url_rule("/", view_func=unknown_path, defaults={"unknown": ""}, methods=METHODS, strict_slashes=False)
 openai.add_url_rule("/<path:unknown>", view_func=unknown_path, methods=METHODS)
+ENGINE_FREE = STORAGE_VIEWS | {unknown_path.__name__}  # the views that answer whatever the engine's state
 # family -> (its blueprint, engine -> its URL prefix)
 FAMILIES = {
     "openai": (openai, {"vllm": "/v1", "static": "/static/v1"}),
@@ -66,3 +75,8 @@ def register(app: Flask) -> None:
 def blueprints(family: str) -> set[str]:
     """The names a family's blueprint is registered under, one per engine."""
     return {f"{family}_{engine}" for engine in FAMILIES[family][1]}
+
+
+def storage_endpoints() -> frozenset[str]:
+    """The endpoints of STORAGE's views, under every base URL: no prompt runs behind them."""
+    return frozenset(f"{bp}.{name}" for bp in blueprints("openai") for name in STORAGE_VIEWS)

@@ -19,6 +19,7 @@ from pydantic.json_schema import models_json_schema
 
 from service.demo import protocol as demo
 from service.http.state import app_state
+from service.openai.batches.protocol import BatchCreate
 from service.openai.chat.protocol import Chat
 from service.openai.completions.protocol import Completion
 from service.openai.responses.protocol import Responses
@@ -39,10 +40,16 @@ BODIES: dict[str, tuple[type[BaseModel], ...]] = {
     "create_response": (Responses,),
     "tokenize": (TokenizeText, TokenizeChat),  # vLLM's union: `messages` makes it chat
     "detokenize": (Detokenize,),
+    "create_batch": (BatchCreate,),
 }
 STREAMS = {"generate_stream", "race"}  # server-sent events, always
 MAY_STREAM = {"completions", "chat_completions", "create_response"}  # with `stream: true`
-GETS = {"models": "the served model", "health": "each engine's state (503 until the static one is ready)"}
+GETS = {
+    "models": "the served model",
+    "health": "each engine's state (503 until the static one is ready)",
+    "list_files": "this key's files (OpenAI's cursor page: after, limit, order, purpose)",
+    "list_batches": "this key's batches, newest first (OpenAI's cursor page: after, limit)",
+}
 
 
 class DemoError(BaseModel):

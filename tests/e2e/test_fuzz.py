@@ -31,7 +31,7 @@ from service.ops.openapi import DemoError, OpenAIError
 from tests.helpers import MODEL, PARIS
 from tests.helpers.servers import auth
 
-# Per operation and mode: 19 operations (17 with a body), about 210 generated requests in all.
+# Per operation and mode: 25 operations (19 with a body), about 260 generated requests in all.
 EXAMPLES = {GenerationMode.POSITIVE: 8, GenerationMode.NEGATIVE: 4}
 # The fuzzer's copy of the document is capped where a valid value costs generation time: up to
 # MAX_NEW_TOKENS_LIMIT (512) tokens times MAX_N (8) completions times 8 prompts is minutes of CPU

@@ -48,6 +48,8 @@ def test_every_registered_base_url_has_its_paths(doc):
     for prefix in FAMILIES["openai"][1].values():  # /v1 and /static/v1
         for route in ("/completions", "/chat/completions", "/responses", "/models"):
             assert prefix + route in paths
+        assert set(doc["paths"][f"{prefix}/batches"]) == {"get", "post"}  # the Batch API's create and list
+        assert set(doc["paths"][f"{prefix}/files"]) == {"get"}  # its upload is a form, described in docs/openai.md
     for prefix in FAMILIES["tokenize"][1].values():  # /tokenize and /static/tokenize
         assert {f"{prefix}/tokenize", f"{prefix}/detokenize"} <= paths
     for urls in demo.ROUTES.values():

@@ -1,0 +1,1 @@
+"""`/v1/files`: protocol (the upload's form and the listing's query), serving, routes."""
