@@ -1,7 +1,8 @@
 """Benchmark the service under gunicorn, phase by phase (docs/performance.md); print markdown
 tables, write JSON. `python -m bench` (quick: N=1 4 16, one repeat; under 8 min on 2 busy cores),
 `--full` (every phase, N=1 4 16 64, 3 repeats; about an hour), `--only PHASE ...`, `--skip PHASE ...`;
-`--only soak` (minutes of overload, bench/soak.py) runs only when asked."""
+`--only soak` (minutes of overload, bench/soak.py) and `--only batch` (the Batch API beside vLLM's
+run_batch, bench/batch.py) run only when asked."""
 
 import argparse
 import os
@@ -9,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench import report
+from bench import batch, report
 from bench.phases import ASKED, FULL, QUICK, Bench
 from deploy.server import ROOT
 from service.config import Config
@@ -29,6 +30,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-vllm", action="store_true", help="start the service with VLLM_ENABLED=0 (fast)")
     p.add_argument("--url", help="measure the service running there (no API key; its BATCH_SIZE --batch-size's)")
     p.add_argument("--soak-seconds", type=float, default=180, help="soak: seconds of 3x overload (default 180)")
+    p.add_argument("--batch-lines", type=int, default=batch.LINES, help=f"batch: lines (default {batch.LINES})")
     p.add_argument("--probe-url", help="soak with --url: its probe server (PROBE_PORT), held to the 1 s rule")
     p.add_argument("--llama-server", type=Path, help="peers: llama.cpp's llama-server, built in its source tree")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="where the JSON goes")
@@ -40,6 +42,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--no-vllm sets up the service it starts; with --url it is already running")
     if min(args.repeats, args.batch_size, *args.n) < 1:
         p.error("--n, --repeats and --batch-size must be >= 1")
+    if args.batch_lines < 1:
+        p.error("--batch-lines must be >= 1")
     if args.soak_seconds <= 0:
         p.error("--soak-seconds must be > 0")
     return args

@@ -17,14 +17,14 @@ from pathlib import Path
 from batcher.checkpoint import resolve_model
 from batcher.profile import child, choose, show, store
 from batcher.profile import measure as profiling
-from bench import measure, peers, report, serve_client, soak, structured, wait
+from bench import batch, measure, peers, report, serve_client, soak, structured, wait
 from deploy.server import SETTLED, Server
 from service.config import Config
 
 SWEEP_N, SWEEP, BASIC_MAX_N, READY_TIMEOUT_S, STARTUP_TIMEOUT_S = 64, [1, 2, 4, 8, 16, 64], 16, 300, 1500
 ON_THE_SERVICE = ("grid", "ttft", "structured", "openai", "wait")
 LATER = ("direct", "offline", "sweep", "fidelity", "profile", "startup", "peers")  # the service stopped; own processes
-ASKED = ("soak",)  # only in --only: minutes of overload, on a service of its own (or --url)
+ASKED = ("soak", "batch")  # only in --only: minutes (soak) to an hour (batch), on a service of their own (or --url)
 QUICK = {"n": [1, 4, 16], "repeats": 1, "phases": ("grid", "ttft", "structured", "direct", "offline")}
 FULL = {"n": [1, 4, 16, 64], "repeats": 3, "phases": ON_THE_SERVICE + LATER}
 # the service waits as long as our requests do, so a slow shared machine makes slow numbers, not 504s
@@ -142,6 +142,24 @@ class Bench:
             cpu = self.res["machine"]["cpu"]
             args = (cpu, self.args.soak_seconds, self.args.max_tokens, timeout_s)
             self.res.update(soak.run(srv.url, *args, probe_url=self.args.probe_url or srv.probe_url))
+
+    def batch(self) -> None:
+        """Our Batch API on each engine of a service of its own, then, that service stopped, vLLM's
+        run_batch on the same file alone (not with --url: that service is not ours to stop)."""
+        args, lines, machine = self.args, batch.make_lines(self.args.batch_lines), self.res["machine"]
+        machine = f"{machine['cpu']}, {machine['cores']} cores"
+        env = {"BATCH_SIZE": str(args.batch_size), "VLLM_ENABLED": str(int(not args.no_vllm)), **SERVICE_ENV}
+        with tempfile.TemporaryDirectory(prefix="bench-jobs-") as data:  # the batches' database, gone after
+            with Server(self.log_path, {**env, "DATA_DIR": data}, url=args.url) as srv:
+                engines = batch.ready_engines(srv.wait_ready(READY_TIMEOUT_S))
+                out = batch.on_service(srv.url, engines, lines, args.max_tokens, machine)
+        if args.url or "vllm" not in engines:
+            out["failed"].append(f"batch: run_batch skipped ({'--url' if args.url else 'the vLLM engine not ready'})")
+        else:
+            batch.beside_run_batch(out, self.model_path, lines, self.log_path, machine)
+        self.res["batch_targets"] = batch.ratios(out)
+        self.res["notes"] += out.pop("failed")
+        self.res.update(out)
 
     @property
     def model_path(self) -> str:

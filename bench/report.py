@@ -26,6 +26,9 @@ TITLES = {
     "fidelity": "Fidelity and decode speed, each configuration in its own process",
     "profile": "The machine profile: stored beside a fresh measurement of every candidate it did not rule out",
     "peers": "Peers, each alone: one request of N prompts to /v1/completions; fidelity against fp32 (bench/peers.py)",
+    "batch": "Batch jobs: one chat file (greedy, ignore_eos: each line makes exactly its max_tokens) through our "
+    "Batch API on each engine, the service otherwise idle, and vLLM's run_batch alone (bench/batch.py)",
+    "batch_spare_room": "A batch in the spare room: the same interactive streams alone and with a batch behind them",
     "startup": "Start-up, cold then warm (seconds since gunicorn was launched)",
     "soak": "Soak: open-loop arrivals at 3x capacity, CPU hogs, then a quiet spell (bench/soak.py)",
     "targets": "Targets",
@@ -109,6 +112,7 @@ def targets(res: dict) -> list[dict]:
             wait_error[r["engine"]] = max(wait_error.get(r["engine"], 0.0), r["error p50"])
     met = [r["met (%)"] for r in res.get("wait_policies", []) if r["policy"] == "X-Max-Queue-Ms"]
     met_share = min((m / 100 for m in met if m is not None), default=None)
+    batch = res.get("batch_targets", {})
     refused_in = [r["429 in, p90 (ms)"] for r in res.get("wait_policies", []) if r.get("429 in, p90 (ms)") is not None]
     checks = [
         (f"static overhead: /generate N={bs} vs direct model.generate()", _div(s4, base.get(DIRECT)), "x", None, 1.1),
@@ -132,6 +136,11 @@ def targets(res: dict) -> list[dict]:
          0.25),
         ("admitted under 2x load with a deadline that met it (worst engine)", met_share, "", 0.9, None),
         ("a refusal (429) answered in, p90 (worst engine)", max(refused_in, default=None), " ms", None, 100),
+        ("batch: vLLM run_batch's lines/s over ours on /v1", batch.get("run_batch_over_v1"), "x", None, 1.2),
+        *((f"batch behind interactive streams, {engine}: TTFT p50 with/without", ratio, "x", None, 1.2)
+          for engine, ratio in batch.get("ttft_with_over_alone", {}).items()),
+        *((f"batch behind interactive streams, {engine}: interactive 429s it added", added, "", 0, 0)
+          for engine, added in batch.get("added_429", {}).items()),
     ]  # fmt: skip
     rows = []
     for name, value, unit, low, high in checks:

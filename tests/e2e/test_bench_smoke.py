@@ -1,6 +1,7 @@
 """The benchmark itself, tiny: it measures the real service (the session's static-only gunicorn,
 `static_server`, through `--url`: a start of its own cost this module 18 of its 25 s) and writes
-its results; and a few seconds of the soak, for its accounting."""
+its results; a few seconds of the soak, for its accounting; and the batch phase on four lines,
+through the Files and Batches API."""
 
 import json
 import subprocess
@@ -44,3 +45,25 @@ def test_soak_accounts_for_every_request(static_server, tmp_path):
     assert all(k.split(" ")[0].rstrip(":,") in ("200", "429", "503", "504", "LOST", "FAIL") for k in counts["outcomes"])
     assert run.returncode == (1 if result["soak_failures"] else 0), run.stdout[-3000:]
     assert ("soak FAILED: " in run.stdout) == bool(result["soak_failures"])
+
+
+def test_batch_phase_runs_a_small_batch_through_the_api(static_server, tmp_path):
+    # four lines through the Files and Batches API on the static engine alone (the server's vLLM is
+    # disabled: /v1 and vLLM's run_batch are left out, with a note), then the spare room's two loads
+    cmd = [sys.executable, "-m", "bench", "--url", static_server.url, "--only", "batch", "--batch-lines", "4"]
+    cmd += ["--max-tokens", "4", "--out", str(tmp_path)]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    result = json.loads((tmp_path / "latest.json").read_text())
+    (row,) = result["batch"]
+    assert row["run"] == "ours /static/v1 (static engine)" and row["answered 200"] == 4, (row, result["notes"])
+    made, asked = row["output tokens (asked)"].replace("(", "").replace(")", "").split()
+    assert made == asked and row["lines/s"] > 0  # ignore_eos: every line made exactly its max_tokens
+    (spare,) = result["batch_spare_room"]
+    assert spare["engine"] == "static" and spare["other failures"] == 0, spare
+    assert spare["TTFT p50 alone (ms)"] > 0 and spare["TTFT p50 with a batch (ms)"] > 0, spare
+    assert any("run_batch skipped" in note for note in result["notes"]), result["notes"]
+    assert "### Batch jobs" in run.stdout and "### A batch in the spare room" in run.stdout
+    targets = {r["target"]: r["result"] for r in result["targets"]}
+    assert targets["batch: vLLM run_batch's lines/s over ours on /v1"] == "SKIP"
+    assert "batch behind interactive streams, static: interactive 429s it added" in targets
