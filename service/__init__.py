@@ -18,6 +18,7 @@ from service.demo import page
 from service.demo import routes as demo_routes
 from service.http import admission, inflight, lookup, request_id
 from service.http.state import KEY, AppState, app_state
+from service.jobs.metrics import BatchCollector
 from service.jobs.runner import BatchRunner
 from service.jobs.store import Store
 from service.openai import router as openai_router
@@ -31,6 +32,8 @@ GENERATE_BLUEPRINTS = set(demo_routes.ROUTES) | openai_router.blueprints("openai
 # the routes the in-flight cap counts: those, and /tokenize, whose chat rendering (up to 1,024
 # messages through the template) holds a thread and the GIL as long as a short generation does
 CAPPED_BLUEPRINTS = GENERATE_BLUEPRINTS | openai_router.blueprints("tokenize")
+# the Files and Batches APIs' routes: storage, outside the cap, and a batch's poll is not a generate request
+STORAGE_ENDPOINTS = openai_router.storage_endpoints()
 
 
 def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
@@ -73,6 +76,7 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
         store=Store(config.database),
     )
     app_state(app).runner = BatchRunner(app, app_state(app).store)
+    metrics.registry.register(BatchCollector(app_state(app).store))  # batch lines and batches, read when scraped
 
     for blueprint in (ops_routes.bp, live.bp, page.bp, openapi.bp):
         app.register_blueprint(blueprint)
@@ -82,7 +86,7 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
     request_id.register(app)  # first of the app's hooks
     _observe_requests(app, metrics)
     # after the hooks a refusal needs; files and batches are storage, outside the cap
-    inflight.register(app, config.inflight_limit, CAPPED_BLUEPRINTS, openai_router.storage_endpoints())
+    inflight.register(app, config.inflight_limit, CAPPED_BLUEPRINTS, STORAGE_ENDPOINTS)
 
     if start:
         static_engine.start()
@@ -140,11 +144,14 @@ def _observe_requests(app: Flask, metrics: Metrics) -> None:
         run = lookup.current_run()
         if request.blueprint in GENERATE_BLUEPRINTS and run is not None and run.predicted is not None:
             response.headers.update(admission.headers(run.predicted))  # also on a refusal
-        if request.blueprint in GENERATE_BLUEPRINTS:
-            elapsed = time.perf_counter() - g.started
+        now = time.perf_counter()
+        elapsed, status, rid = now - g.get("started", now), response.status_code, request_id.current()
+        if request.endpoint in STORAGE_ENDPOINTS:
+            if request.method != "GET":  # an upload, a new batch, a cancel, a delete; not a poll
+                log.info("%s %s %d %.3fs request_id=%s", request.method, request.path, status, elapsed, rid)
+        elif request.blueprint in GENERATE_BLUEPRINTS:
             # the route's rule, not the path: an unknown path under /v1 must not make a new series
             endpoint = request.url_rule.rule if request.url_rule else request.path
-            metrics.request_seconds.labels(endpoint, str(response.status_code)).observe(elapsed)
-            status, rid = response.status_code, request_id.current()
+            metrics.request_seconds.labels(endpoint, str(status)).observe(elapsed)
             log.info("%s %s %d %.3fs request_id=%s", request.method, request.path, status, elapsed, rid)
         return response

@@ -84,6 +84,12 @@ class DeadlineExceeded(ApiError):
     status, type = 504, "deadline_exceeded"
 
 
+class StorageFull(ApiError):
+    """The database of batch jobs has no room left (a full disk): nothing was written."""
+
+    status, type = 507, "insufficient_storage"
+
+
 class TooBusy(ApiError):
     """MAX_INFLIGHT_REQUESTS generate requests in flight already (service/http/inflight.py)."""
 

@@ -60,6 +60,8 @@ def _line(n: int, raw: str, endpoint: str) -> tuple[Request | None, dict | None]
     custom_id, method, url, body = (item.get(k) for k in ("custom_id", "method", "url", "body"))
     if not isinstance(custom_id, str) or not custom_id:
         return None, _fault("missing_required_parameter", "'custom_id' must be a non-empty string", "custom_id", n)
+    if "\x00" in custom_id:  # no text column holds it (PostgreSQL refuses it)
+        return None, _fault("invalid_custom_id", "'custom_id' must not hold a NUL character", "custom_id", n)
     if method != "POST":
         return None, _fault("invalid_method", "'method' must be POST", "method", n)
     if url != endpoint:

@@ -16,7 +16,7 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.engine import Engine
 
 from service.jobs.input_file import Request
-from service.jobs.tables import lines, workers
+from service.jobs.tables import batches, lines, workers
 
 STALE_S = 10.0  # a worker that beat longer ago than this is gone: its claims go back
 
@@ -26,11 +26,21 @@ class Lines:
         self.db = db
 
     def add(self, batch_id: str, requests: list[Request]) -> None:
+        """The batch's lines, pending, while it is still validating (another replica may have
+        read the same file at the same time: the first write below waits for its transaction,
+        and once the batch has moved on its lines are left alone)."""
         rows = [
             {"batch_id": batch_id, "line_no": r.line, "custom_id": r.custom_id, "body": r.body, "state": "pending"}
             for r in requests
         ]
+        # a write first, a no-op one: it takes the batch's row lock (PostgreSQL) or the database's
+        # write lock (SQLite) before its status is read, so the check and the lines are one step
+        lock = update(batches).where(batches.c.id == batch_id).values(status=batches.c.status)
         with self.db.begin() as db:
+            db.execute(lock)
+            status = db.execute(select(batches.c.status).where(batches.c.id == batch_id)).scalar()
+            if status not in (None, "validating"):  # None: lines without a batch row (the unit tests')
+                return
             db.execute(lines.delete().where(lines.c.batch_id == batch_id))  # a validation cut short, redone
             db.execute(insert(lines), rows)
 
@@ -42,13 +52,19 @@ class Lines:
 
     def claim(self, batch_id: str, worker: str, count: int) -> tuple[str, list[tuple[int, str, dict]]]:
         """Up to `count` of the batch's lines for `worker`: pending ones, or ones whose worker has
-        gone silent. Returns (the claim, [(line_no, custom_id, body)])."""
+        gone silent. Returns (the claim, [(line_no, custom_id, body)]).
+
+        The lines are picked FOR UPDATE SKIP LOCKED (PostgreSQL; SQLite has one writer at a time
+        and SQLAlchemy renders nothing there): replicas claiming at once take different lines,
+        none waiting for another's transaction."""
         token = uuid.uuid4().hex
         alive = select(workers.c.id).where(workers.c.seen_at >= time.time() - STALE_S)
         free = (lines.c.state == "pending") | ((lines.c.state == "running") & lines.c.worker.not_in(alive))
         picked = select(lines.c.line_no).where(lines.c.batch_id == batch_id, free).order_by(lines.c.line_no)
-        picked = picked.limit(count).scalar_subquery()
-        taking = update(lines).where(lines.c.batch_id == batch_id, lines.c.line_no.in_(picked), free)
+        # a CTE, run once: as an IN (subquery), PostgreSQL may run the pick again for each row it
+        # updates, and each run skips the rows this very statement has just taken
+        picked = picked.limit(count).with_for_update(skip_locked=True, of=lines).cte("picked")
+        taking = update(lines).where(lines.c.batch_id == batch_id, lines.c.line_no.in_(select(picked.c.line_no)), free)
         with self.db.begin() as db:
             db.execute(taking.values(state="running", claim=token, worker=worker))
             mine = select(lines.c.line_no, lines.c.custom_id, lines.c.body).where(
@@ -83,6 +99,20 @@ class Lines:
         )
         with self.db.connect() as db:
             return db.execute(query.limit(1)).first() is not None
+
+    def census(self, statuses: tuple[str, ...]) -> dict[tuple[str, str], int]:
+        """The lines of every batch in `statuses`, counted by (engine, state) in one query, a done
+        line as done_ok (answered 200) or done_error (/metrics)."""
+        key = (batches.c.engine, lines.c.state, lines.c.status_code)
+        query = select(*key, func.count()).select_from(lines.join(batches, lines.c.batch_id == batches.c.id))
+        query = query.where(batches.c.status.in_(statuses)).group_by(*key)
+        counts: dict[tuple[str, str], int] = {}
+        with self.db.connect() as db:
+            for engine, state, status_code, count in db.execute(query):
+                if state == "done":
+                    state = "done_ok" if status_code == 200 else "done_error"
+                counts[engine, state] = counts.get((engine, state), 0) + count
+        return counts
 
     def results(self, batch_id: str, unfinished: str | None) -> tuple[bytes, bytes]:
         """(output file, error file) as JSONL, in the input's order: a line answered 200 in the

@@ -4,8 +4,8 @@ Each turn it beats its heartbeat, reads new batches' files (validating -> in_pro
 with the file's faults), ends what is cancelled, expired or done (finalizing -> cancelled,
 expired, completed, with the output and error files), and hands each in_progress batch's lines to
 its engine as far as there is spare room: none while interactive work waits in that engine's
-queue, at most a round's (static: BATCH_SIZE) or a step's (vLLM: VLLM_MAX_NUM_SEQS) worth of its
-own in flight. A line runs through the app itself, on the route its batch names under its base
+queue, at most a round's worth of its own in flight (static: BATCH_SIZE; vLLM: half of
+VLLM_MAX_NUM_SEQS). A line runs through the app itself, on the route its batch names under its base
 URL, so its answer is the online route's, byte for byte; a refusal that a retry can turn (429,
 503) hands the line back for later.
 
@@ -47,7 +47,8 @@ class BatchRunner:
         self._lock = threading.Lock()
         self._stop, self._kick = threading.Event(), threading.Event()
         self._turned = threading.Condition()  # notified after every turn: wait_for() waits on it
-        self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="batch-line")
+        most = self.state.config.batch_size + self.state.config.vllm_max_num_seqs  # both engines' room, full
+        self._pool = ThreadPoolExecutor(max_workers=most, thread_name_prefix="batch-line")
         self._thread = threading.Thread(target=self._loop, name="batch-runner", daemon=True)
 
     def start(self) -> BatchRunner:
@@ -133,7 +134,9 @@ class BatchRunner:
         if not eng.ready or eng.draining or eng.queued() > 0:
             return 0
         config = self.state.config
-        limit = config.batch_size if engine == "static" else config.vllm_max_num_seqs
+        # a round's worth on the static engine; half of vLLM's slots, since its priority preempts for
+        # KV cache blocks, not for a slot: the other half stays free for interactive requests
+        limit = config.batch_size if engine == "static" else max(1, config.vllm_max_num_seqs // 2)
         with self._lock:
             return max(0, limit - self._in_flight[engine])
 

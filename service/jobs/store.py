@@ -103,7 +103,7 @@ class Store:
     def add_file(self, owner: str, purpose: str, filename: str, content: bytes) -> FileRecord:
         """Written whole in one transaction: a file is there with all its bytes, or not at all."""
         record = FileRecord(new_id("file"), owner, purpose, filename, len(content), int(time.time()))
-        with self.db.begin() as db:
+        with tables.writing(self.db) as db:
             db.execute(insert(files).values(**record.__dict__, content=content))
         return record
 
@@ -156,7 +156,7 @@ class Store:
             "created_at": now,
             "expires_at": now + WINDOW_S[completion_window],
         }
-        with self.db.begin() as db:
+        with tables.writing(self.db) as db:
             db.execute(insert(batches).values(**values))
         log.info("batch %s: validating (%s on the %s engine)", values["id"], endpoint, engine)
         return self.batch(owner, values["id"])

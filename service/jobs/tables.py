@@ -1,10 +1,14 @@
 """The database of batch jobs, in SQLAlchemy Core (one code path for SQLite and PostgreSQL):
 uploaded and produced files, batches, each batch's lines with their results, and the workers
-that run them (a heartbeat each, so that a dead worker's lines go back to the others)."""
+that run them (a heartbeat each, so that a dead worker's lines go back to the others).
+Times are seconds since the epoch in BigInteger (PostgreSQL's INTEGER is 4 bytes); what a client
+names without a bound of ours (a custom_id) is Text, since PostgreSQL enforces a VARCHAR's length."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 from sqlalchemy import (
     JSON,
@@ -17,10 +21,14 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
+    Text,
     create_engine,
     event,
 )
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.exc import DatabaseError, OperationalError
+
+from service.errors import StorageFull
 
 metadata = MetaData()
 
@@ -32,7 +40,7 @@ files = Table(
     Column("purpose", String(32), nullable=False),
     Column("filename", String(512), nullable=False),
     Column("bytes", BigInteger, nullable=False),
-    Column("created_at", Integer, nullable=False),
+    Column("created_at", BigInteger, nullable=False),
     Column("content", LargeBinary, nullable=False),  # read only by `content`: listings leave it
 )
 
@@ -50,9 +58,9 @@ batches = Table(
     Column("errors", JSON),
     Column("output_file_id", String(64)),
     Column("error_file_id", String(64)),
-    Column("created_at", Integer, nullable=False),
+    Column("created_at", BigInteger, nullable=False),
     *(
-        Column(f"{event_}_at", Integer)
+        Column(f"{event_}_at", BigInteger)
         for event_ in "in_progress expires finalizing completed failed expired cancelling cancelled".split()
     ),
 )
@@ -62,7 +70,7 @@ lines = Table(
     metadata,
     Column("batch_id", String(64), primary_key=True),
     Column("line_no", Integer, primary_key=True),
-    Column("custom_id", String(512), nullable=False),
+    Column("custom_id", Text, nullable=False),
     Column("body", JSON, nullable=False),
     Column("state", String(16), nullable=False),  # pending | running | done
     Column("claim", String(64)),  # the claim that runs it now: its result counts only under it
@@ -83,7 +91,9 @@ workers = Table(
 
 def connect(url: str) -> Engine:
     """The database at `url`, its tables made if absent. SQLite: its folder made, WAL (readers
-    never wait for the one writer), and a writer waits up to 30 s for another one's lock."""
+    never wait for the one writer), and a writer waits up to 30 s for another one's lock.
+    PostgreSQL: psycopg 3 for a plain postgresql:// URL, and each pooled connection tested before
+    use (the server restarted, or a proxy closed it idle)."""
     if url.startswith("sqlite:///"):
         folder = os.path.dirname(url.removeprefix("sqlite:///"))
         if folder:
@@ -97,6 +107,32 @@ def connect(url: str) -> Engine:
             cursor.execute("PRAGMA synchronous=NORMAL")  # WAL's own durable-enough choice
             cursor.close()
     else:
-        engine = create_engine(url, pool_pre_ping=True)
-    metadata.create_all(engine)
+        engine = create_engine(_with_driver(url), pool_pre_ping=True)
+    try:
+        metadata.create_all(engine)
+    except DatabaseError:  # another replica made them at the same moment: now they are there
+        metadata.create_all(engine)
     return engine
+
+
+def _with_driver(url: str):
+    """postgres:// and postgresql:// (what managed databases hand out) as psycopg 3, the driver
+    requirements.txt installs; SQLAlchemy's own default for them is psycopg2."""
+    parsed = make_url(url.replace("postgres://", "postgresql://", 1) if url.startswith("postgres://") else url)
+    return parsed.set(drivername="postgresql+psycopg") if parsed.drivername == "postgresql" else parsed
+
+
+# a disk with no room: SQLite's SQLITE_FULL, PostgreSQL's disk_full (SQLSTATE 53100)
+FULL = {"sqlite_errorcode": 13, "sqlstate": "53100"}
+
+
+@contextlib.contextmanager
+def writing(engine: Engine) -> Iterator[Connection]:
+    """One transaction; a full disk ends it as StorageFull (a 507, nothing of it kept), not a 500."""
+    try:
+        with engine.begin() as db:
+            yield db
+    except OperationalError as exc:
+        if any(getattr(exc.orig, name, None) == code for name, code in FULL.items()):
+            raise StorageFull("the service's storage is full: nothing of this request was kept") from exc
+        raise

@@ -14,8 +14,9 @@ import json
 
 import openai
 import pytest
+import requests
 
-from tests.helpers import BASES, MODEL
+from tests.helpers import BASES, MODEL, wait_until
 from tests.helpers.servers import KEY, serving
 
 OTHER_KEY = "other-key"
@@ -136,12 +137,41 @@ def test_another_keys_files_and_batches_are_not_found(server, base):
     assert batch.id not in [b.id for b in theirs.batches.list()]
 
 
-# TODO(lead, issue 52 point 1): a batch that runs to completion on each base URL, through the SDK:
-# upload lines(n), create, poll `batches.retrieve` until "completed" (request_counts live on the
-# way), then `files.content(output_file_id)`: every custom_id exactly once, each line's
-# response.body equal to the online route's answer for the same body at temperature 0, and a bad
-# line in the error file with the online route's error JSON.
 @BASES
-@pytest.mark.skip(reason="TODO(lead): a batch run to completion needs the runner (service/jobs/runner.py)")
 def test_a_batch_runs_to_completion_and_its_output_is_the_online_answer(server, base):
-    raise NotImplementedError
+    """Upload, create, poll until completed, fetch: every custom_id once, each answer the online
+    route's for the same body (greedy), a bad line in the error file with the route's error JSON."""
+    sdk = client(server, base)
+    good = [json.loads(row) for row in lines(4, max_tokens=6).decode().splitlines()]
+    for row in good:
+        row["body"]["temperature"] = 0
+    bad = {"custom_id": "bad", "method": "POST", "url": CHAT, "body": {**good[0]["body"], "max_tokens": -1}}
+    content = "".join(json.dumps(row) + "\n" for row in [*good, bad]).encode()
+    source = sdk.files.create(file=("lines.jsonl", content), purpose="batch")
+    batch = sdk.batches.create(input_file_id=source.id, endpoint=CHAT, completion_window="24h")
+    counts = []
+
+    def ended() -> bool:
+        seen = sdk.batches.retrieve(batch.id)
+        counts.append(seen.request_counts.completed if seen.request_counts else 0)
+        return seen.status in ("completed", "failed", "expired", "cancelled")
+
+    wait_until(ended, timeout=300, what=f"batch {batch.id} to end", every=0.25)
+    done = sdk.batches.retrieve(batch.id)
+    assert done.status == "completed", done
+    assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (5, 4, 1)
+    assert counts == sorted(counts)  # the counts only grow as lines finish
+    output = [json.loads(row) for row in sdk.files.content(done.output_file_id).text.splitlines()]
+    errors = [json.loads(row) for row in sdk.files.content(done.error_file_id).text.splitlines()]
+    assert sorted(row["custom_id"] for row in output) == sorted(row["custom_id"] for row in good)
+    assert [row["custom_id"] for row in errors] == ["bad"]
+    http = requests.Session()
+    http.headers["Authorization"] = f"Bearer {KEY}"
+    by_id = {row["custom_id"]: row for row in good}
+    for row in output:
+        online = http.post(f"{server.url}{base}/chat/completions", json=by_id[row["custom_id"]]["body"]).json()
+        answer = row["response"]["body"]
+        assert row["response"]["status_code"] == 200 and answer["choices"] == online["choices"], (answer, online)
+        assert answer["usage"] == online["usage"] and answer["object"] == online["object"]
+    refused = http.post(f"{server.url}{base}/chat/completions", json=bad["body"])
+    assert errors[0]["response"] == {**errors[0]["response"], "status_code": 400, "body": refused.json()}

@@ -1,7 +1,8 @@
 """What more than one test module uses: plain functions, classes and constants, imported by name
 (`from tests.helpers import wait_until`). The fixtures are in the conftest.py of each tier
 (tests/unit, tests/integration, tests/e2e) and in tests/conftest.py; no test module imports from
-another.
+another, but tests/integration/test_batch_postgres.py, which runs the store tests of
+tests/unit/test_batch_store.py again on PostgreSQL.
 
   __init__     waiting and a watched queue, the environment the model tests pin, the OpenAI names every tier uses
   workers      the static engine's runner and model thread with test hooks (imports torch)
@@ -10,6 +11,7 @@ another.
   make_serve   `make serve` as a user runs it
   traffic      the load the rolling restarts send
   profile      fakes for the profile's measuring logic: a clock, the reference's tokens
+  postgres     a real PostgreSQL server of the test's own (initdb, pg_ctl), a database per test
 """
 
 from __future__ import annotations
@@ -44,13 +46,16 @@ def pin_environment() -> None:
     os.environ.setdefault("DATA_DIR", tempfile.mkdtemp(prefix="batcher-test-data-"))
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
-    """Poll with a deadline (for state another thread changes and no event announces)."""
+def wait_until(
+    predicate: Callable[[], bool], timeout: float = 30.0, what: str = "condition", every: float = 0.02
+) -> None:
+    """Poll with a deadline (for state another thread or process changes and no event announces);
+    `every`: seconds between looks (a look over HTTP costs the server a request)."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
+        time.sleep(every)
 
 
 class WatchedQueue(queue.Queue):

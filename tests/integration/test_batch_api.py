@@ -12,6 +12,7 @@ import io
 import json
 
 import pytest
+from sqlalchemy import event
 
 from service import create_app
 from service.config import Config
@@ -350,3 +351,21 @@ def test_files_and_batches_are_outside_the_in_flight_cap(app, client, base):
     finally:
         for slot in held:
             slot.release()
+
+
+def test_a_full_disk_is_a_507_and_keeps_nothing(tmp_path):
+    """SQLite's bound on its pages stands in for a full disk: the upload is refused whole."""
+    config = Config(vllm_enabled=False, data_dir=str(tmp_path), max_file_bytes=MAX_FILE_BYTES)
+    app = create_app(config, start=False)
+    store = app_state(app).store
+
+    @event.listens_for(store.db, "connect")
+    def _small(connection, _record) -> None:
+        connection.execute("PRAGMA max_page_count = 40")
+
+    store.db.dispose()
+    client = app.test_client()
+    data = {"purpose": "batch", "file": (io.BytesIO(b"x" * 400_000), "lines.jsonl")}
+    r = client.post("/v1/files", data=data)
+    assert r.status_code == 507 and r.json["error"]["code"] == "insufficient_storage", r.json
+    assert client.get("/v1/files").json["data"] == []

@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from sqlalchemy import update
 
 from service.http.state import app_state
+from service.jobs.tables import batches
 from tests.helpers import BASES
 
 CHAT = "/v1/chat/completions"
@@ -106,3 +108,20 @@ def test_a_batch_cancelled_before_it_ran_ends_cancelled(app):
     state.runner.kick()
     done = ended(app, batch)
     assert done.status == "cancelled" and done.cancelled_at and done.output_file_id is None
+
+
+def test_a_batch_past_its_window_ends_expired_and_its_unrun_lines_say_so(app):
+    state = app_state(app)
+    content = "".join(
+        json.dumps({"custom_id": f"e{i}", "method": "POST", "url": CHAT, "body": chat_body("hi")}) + "\n"
+        for i in range(2)
+    )
+    source = state.store.add_file("", "batch", "in.jsonl", content.encode())
+    batch = state.store.add_batch("", "static", CHAT, source.id, "24h", None)
+    with state.store.db.begin() as db:  # its window over before it ran a line
+        db.execute(update(batches).where(batches.c.id == batch.id).values(expires_at=batch.created_at))
+    state.runner.kick()
+    done = ended(app, batch)
+    assert done.status == "expired" and done.expired_at and done.output_file_id is None
+    errors = read_jsonl(app, done.error_file_id)
+    assert [(e["custom_id"], e["error"]["code"]) for e in errors] == [("e0", "batch_expired"), ("e1", "batch_expired")]

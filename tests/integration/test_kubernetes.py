@@ -144,6 +144,21 @@ def test_the_probes_and_the_scrape_go_to_the_probe_server(overlay):
     assert int(annotations["prometheus.io/port"]) == ports["probe"]
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_batch_database_comes_from_an_optional_secret_else_a_volume(overlay):
+    """DATABASE_URL from the Secret `batcher-database` where it exists (every replica shares one
+    PostgreSQL); without it the pod still starts, its SQLite in DATA_DIR on a volume of its own."""
+    docs = rendered(overlay)
+    container = server_container(docs)
+    env = {e["name"]: e for e in container["env"]}
+    secret = env["DATABASE_URL"]["valueFrom"]["secretKeyRef"]
+    assert secret == {"name": "batcher-database", "key": "DATABASE_URL", "optional": True}
+    assert env["API_KEY"]["valueFrom"]["secretKeyRef"].get("optional") is not True  # no key: no start
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]}
+    assert mounts["data"] == settings(docs)["DATA_DIR"] and "emptyDir" in volumes["data"]
+
+
 def test_http_probe_paths_answer_200_on_a_ready_app(client):
     """The session's app has its static engine ready: readiness and liveness both answer 200."""
     for overlay in OVERLAYS:

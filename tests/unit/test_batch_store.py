@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from sqlalchemy import event
 
+from service.errors import StorageFull
 from service.jobs import input_file
 from service.jobs.lines import Lines
 from service.jobs.store import Store, owner_of
@@ -135,3 +137,18 @@ def test_a_batch_ends_once_with_its_files_in_one_step(store):
     assert ended.status == "completed" and ended.error_file_id is None
     assert store.content("", ended.output_file_id) == b"{}\n"
     assert [f.purpose for f in store.files("", purpose="batch_output")] == ["batch_output"]
+
+
+def test_a_full_disk_is_storage_full_and_keeps_nothing(tmp_path):
+    """SQLite's own bound on its pages stands in for a full disk (SQLITE_FULL either way)."""
+    store = Store(f"sqlite:///{tmp_path / 'small.sqlite3'}")
+
+    @event.listens_for(store.db, "connect")
+    def _small(connection, _record) -> None:
+        connection.execute("PRAGMA max_page_count = 40")
+
+    store.db.dispose()  # the connections made before the bound go
+    store.add_file("", "batch", "small.jsonl", b"x" * 1000)
+    with pytest.raises(StorageFull):
+        store.add_file("", "batch", "big.jsonl", b"x" * 400_000)
+    assert [f.filename for f in store.files("")] == ["small.jsonl"]

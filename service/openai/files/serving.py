@@ -61,6 +61,8 @@ def upload(store: Store, owner: str, form: Upload, file: FileStorage, max_file_b
     filename = file.filename or "upload.jsonl"
     if len(filename) > MAX_FILENAME:
         raise InvalidRequest(f"'file': its name is longer than {MAX_FILENAME} characters", param="file")
+    if "\x00" in filename:  # no text column holds it (PostgreSQL refuses it)
+        raise InvalidRequest("'file': its name must not hold a NUL character", param="file")
     try:
         content = file.stream.read(max_file_bytes + 1)
     except RequestEntityTooLarge:  # a body sent without Content-Length, cut at the bound
