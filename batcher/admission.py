@@ -7,6 +7,10 @@ whole or refused at once, never admitted to end in a late 504.
 - `fits_alone`: what the engine, idle and at its fastest, could not finish in REQUEST_TIMEOUT_S:
   a 400 where the machine profile backs that price (no retry can succeed), a 429 until the clocks
   forget where only they say so.
+- `ahead`: batch work is preemptible. Queued batch lines run after an interactive request
+  (batcher/workload.py), so its prediction and its share of the bound leave them out; and only
+  interactive work teaches the calibration (engine.py `_finished`): a batch line's prediction is
+  no promise, since interactive work that comes after it passes it.
 """
 
 from __future__ import annotations
@@ -15,12 +19,25 @@ import dataclasses
 
 from batcher.errors import NeverFits, WaitTooLong
 from batcher.predict import Prediction, Work
-from batcher.sequence import Sequence
+from batcher.sequence import Priority, Sequence
 
 
 def work(seq: Sequence) -> Work:
     """What the cost model needs of a sequence."""
-    return Work(seq.params.max_tokens, seq.solo, len(seq.token_ids), seq.started_at)
+    return Work(seq.params.max_tokens, seq.solo, len(seq.token_ids), seq.started_at, seq.priority)
+
+
+def ahead(queued: list[Sequence], new: list[Work]) -> list[Work]:
+    """What of the queue runs before `new`: the live sequences at its priority or a more urgent
+    one. Batch work queued before an interactive request runs after it (batcher/workload.py), so
+    it neither delays nor refuses it: to an interactive request it is preemptible."""
+    urgent = urgency(new)
+    return [work(seq) for seq in queued if not seq.cancelled and seq.priority <= urgent]
+
+
+def urgency(new: list[Work]) -> int:
+    """A request's priority (its sequences share one); interactive for none, as /load asks."""
+    return min((w.priority for w in new), default=Priority.INTERACTIVE)
 
 
 def fits_alone(engine: str, alone: Prediction, max_total_s: float | None, profiled: bool, forgets_in: float) -> None:

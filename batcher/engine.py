@@ -16,7 +16,7 @@ from batcher.errors import InvalidParams, NeverFits, ShuttingDown
 from batcher.lifecycle import Lifecycle
 from batcher.metrics import CacheState, Metrics
 from batcher.predict import Prediction, StaticCost, VLLMCost, Work
-from batcher.sequence import Sequence
+from batcher.sequence import Priority, Sequence
 from batcher.watchdog import Watchdog
 from batcher.workload import Workload
 
@@ -40,7 +40,7 @@ class EngineThread:
         self.watchdog = Watchdog(self.name, self.lifecycle, self.workload, settings.stall_s)
         self.load_seconds: float | None = None
         self.vocab_size: int | None = None  # set by _load(): token ids a request may name
-        self.calibration = Calibration()  # how the cost model's last predictions came out (_finished)
+        self.calibration = Calibration()  # how its last predictions of interactive work came out (_finished)
         self._thread = threading.Thread(target=self._main, name=f"{self.name}-engine-thread", daemon=True)
 
     # --- what the service reads (its /health and /load bodies: service/ops/health.py) ----
@@ -124,9 +124,9 @@ class EngineThread:
         `max_ttft_s`, or the predicted completion `max_total_s`, idle engine or not. An idle
         engine prices at the faster of its clocks and the machine profile (`predict(alone=True)`):
         its clocks may remember a slow spell that only admitted work would correct. What even
-        that cannot finish in `max_total_s` is NeverFits where a profile backs the price;
-        without one, a 429 until the clocks forget. An unknown prediction admits up to
-        `unmeasured_room`."""
+        that cannot finish in `max_total_s` is NeverFits where a profile backs the price; without
+        one, a 429 until the clocks forget. An unknown prediction admits up to `unmeasured_room`.
+        Batch work queued runs after an interactive request: not counted for it (`predict`)."""
         self._check_token_ids(seqs)
         if len(seqs) > self.workload.maxsize:  # no retry can make room for it: not a 429
             message = f"{len(seqs)} sequences (prompts x n); the {self.name} engine's queue holds"
@@ -139,7 +139,7 @@ class EngineThread:
                 admission.within_limits(self.name, alone, max_ttft_s, None, 0)  # the client's own deadline still holds
                 return alone
         prediction = self.predict(new)
-        room = self.cost.unmeasured_room(self.workload.running(), self.workload.qsize())
+        room = self.cost.unmeasured_room(self.workload.running(), self.workload.qsize(admission.urgency(new)))
         admission.within_limits(self.name, prediction, max_ttft_s, max_total_s, room - len(seqs))
         return prediction
 
@@ -149,7 +149,7 @@ class EngineThread:
         `alone`: as if it were), each width at the faster of its clock and the machine profile's:
         an idle engine may doubt what a slow spell taught its clocks, not this machine's speed."""
         running = [] if alone else [admission.work(seq) for seq in self.workload.taken()]
-        queued = [] if alone else [admission.work(seq) for seq in self.workload.queued() if not seq.cancelled]
+        queued = [] if alone else admission.ahead(self.workload.queued(), new)
         idle = not running and not queued
         return self.calibration.apply(self.cost.predict(running, queued, new, fastest=idle))
 
@@ -210,7 +210,7 @@ class EngineThread:
         """Engine thread, after `seq.finish()`: its metrics if it ran; how its predicted first token came."""
         if seq.error is None and seq.finish_reason != "cancelled":
             self.metrics.finished(self.name, seq)
-        if seq.predicted is not None and seq.ttft_s is not None:  # however it ended, its first token came
+        if seq.predicted is not None and seq.ttft_s is not None and seq.priority == Priority.INTERACTIVE:
             self.calibration.observe(seq.predicted.ttft_s, seq.ttft_s)
 
     def _fail_waiting(self, message: str) -> None:

@@ -15,8 +15,10 @@ ends (total):
   sequence prefills it, prefill(w). Both are timed as whole turns of the engine thread's loop
   (adding the new requests, the step, handing out its tokens), which is what a newcomer waits for.
 
-Rows that stop early (EOS, a stop string) make both a little pessimistic. Until a clock has a
-measurement or a prior, the prediction is unknown (None), never a made-up constant.
+What is queued counts only what runs before the request: batch lines queued run after an
+interactive one (batcher/admission.py `ahead`). Rows that stop early (EOS, a stop string) make
+both a little pessimistic. Until a clock has a measurement or a prior, the prediction is unknown
+(None), never a made-up constant.
 
 How far to trust them is `batcher/calibration.py`'s. One writer per clock (its engine's
 thread): each write replaces the mapping, so a reader takes one immutable snapshot and never
@@ -53,6 +55,7 @@ class Work:
     solo: bool = False
     produced: int = 0  # tokens so far (running ones)
     started_at: float | None = None  # time.monotonic() when its round or step began
+    priority: int = 0  # batcher/sequence.py Priority: lower goes first (interactive 0, batch lines after)
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,19 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from enum import StrEnum
+from enum import IntEnum, StrEnum
 
 from batcher.predict import Prediction
 from batcher.sampling import SamplingParams
 from batcher.tokens import Piece, TokenLogprob
+
+
+class Priority(IntEnum):
+    """Who goes first, lower first as vLLM's `priority`: a batch line takes only the room that
+    interactive work leaves (the workload hands it out last; vLLM schedules it last)."""
+
+    INTERACTIVE = 0
+    BATCH = 1
 
 
 class Status(StrEnum):
@@ -63,6 +71,7 @@ class Sequence:
     # sequences of one streamed request share one queue, so their pieces arrive in step order
     pieces: queue.SimpleQueue | None = field(default=None, repr=False)
     solo: bool = False  # runs in a round of its own (the unbatched baseline, /basic_generate)
+    priority: Priority = Priority.INTERACTIVE
     id: str = field(default_factory=_next_id)
     prompt_tokens: int | None = None  # as the engine tokenized the prompt
     token_ids: list[int] = field(default_factory=list)

@@ -20,7 +20,7 @@ from typing import Protocol
 from batcher.errors import WaitTooLong
 from batcher.predict import Prediction
 from batcher.sampling import SamplingParams
-from batcher.sequence import Prompt, Sequence
+from batcher.sequence import Priority, Prompt, Sequence
 from service import structured
 from service.config import Config
 from service.errors import DeadlineExceeded
@@ -41,14 +41,16 @@ class Engine(Protocol):
 class Run:
     """One request's way to its engine, made by its view (service/http/lookup.py): the engine, the
     request's deadlines (REQUEST_TIMEOUT_S for the whole, `max_ttft_s` for the first token, from
-    X-Max-Queue-Ms or `max_queue_ms`), and the settings a grammar compiles with. `predicted`: what
-    the engine predicted at admission, admitted or refused, set by `submit` for the reply's
-    `x-predicted-wait` header."""
+    X-Max-Queue-Ms or `max_queue_ms`), and the settings a grammar compiles with. `priority`: a
+    batch line's run is `Priority.BATCH` (the engines give it only the room interactive work
+    leaves). `predicted`: what the engine predicted at admission, admitted or refused, set by
+    `submit` for the reply's `x-predicted-wait` header."""
 
     engine: Engine
     timeout_s: float
     max_ttft_s: float | None
     config: Config
+    priority: Priority = Priority.INTERACTIVE
     predicted: Prediction | None = field(default=None, compare=False)
 
 
@@ -78,13 +80,13 @@ def submit(
     the engine's own dry run of its admission (nothing enqueued), so that a request refused with
     a 400, 429 or 503 spends no CPU on its grammar and takes no room in xgrammar's cache.
     `submit()` then admits again: what is enqueued is what was predicted under the engine's lock."""
-    seqs = fan_out(prompts, params, n, pieces=pieces, solo=solo)
+    seqs = fan_out(prompts, params, n, pieces=pieces, solo=solo, priority=run.priority)
     if not seqs:
         return seqs
     if params.structured is not None and params.structured.compiled is None:
         _admitted(run, run.engine.check_admission, seqs)
         params = structured.compile_params(params, run.config)
-        seqs = fan_out(prompts, params, n, pieces=pieces, solo=solo)
+        seqs = fan_out(prompts, params, n, pieces=pieces, solo=solo, priority=run.priority)
     _admitted(run, run.engine.submit, seqs)
     return seqs
 
@@ -99,14 +101,20 @@ def _admitted(run: Run, admit: Callable[..., Prediction], seqs: list[Sequence]) 
 
 
 def fan_out(
-    prompts: list[str], params: SamplingParams, n: int = 1, *, pieces: queue.SimpleQueue | None = None, solo=False
+    prompts: list[str],
+    params: SamplingParams,
+    n: int = 1,
+    *,
+    pieces: queue.SimpleQueue | None = None,
+    solo=False,
+    priority: Priority = Priority.INTERACTIVE,
 ) -> list[Sequence]:
     """n sequences per prompt, grouped per prompt in order (prompt 0's n, then prompt 1's...).
     With a seed, the i-th of a prompt's n gets seed + i, as vLLM does for its own n: n draws
     that differ, each reproducible. `pieces`: the queue a streamed request reads; `solo`: each
-    runs in a round of its own (static engine)."""
+    runs in a round of its own (static engine); `priority`: the request's (`Run.priority`)."""
     per_copy = [params if params.seed is None else dataclasses.replace(params, seed=params.seed + i) for i in range(n)]
-    return [Sequence(prompt, p, pieces=pieces, solo=solo) for prompt in prompts for p in per_copy]
+    return [Sequence(prompt, p, pieces=pieces, solo=solo, priority=priority) for prompt in prompts for p in per_copy]
 
 
 def complete(run: Run, prompts: list[Prompt], params: SamplingParams, n: int = 1, *, solo=False) -> list[Sequence]:

@@ -85,7 +85,9 @@ class VLLMWorker(EngineThread):
         fence.install()
         from vllm import EngineArgs, LLMEngine
 
-        return LLMEngine.from_engine_args(EngineArgs(**s.engine_args()))
+        # vLLM's own queue by each request's priority (batch lines last; FIFO among equals, as
+        # "fcfs"), and under KV-cache pressure it preempts a batch line before interactive work
+        return LLMEngine.from_engine_args(EngineArgs(**s.engine_args(), scheduling_policy="priority"))
 
     def _load(self) -> None:
         # vLLM's CPU backend probes every attribute of every imported module with hasattr(),
@@ -138,7 +140,7 @@ class VLLMWorker(EngineThread):
         for seq in new:
             try:
                 # nothing is cut here: the service refused an over-long prompt, or cut it as asked
-                self.engine.add_request(seq.id, engine_prompt(seq), sampling_params(seq))
+                self.engine.add_request(seq.id, engine_prompt(seq), sampling_params(seq), priority=int(seq.priority))
             except Exception as exc:  # a prompt the engine refuses fails alone
                 self.workload.release(seq)
                 seq.fail(refusal(seq, exc))

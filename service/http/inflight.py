@@ -16,6 +16,7 @@ from flask import Flask, Response, g, request
 
 from service.errors import TooBusy
 from service.http.auth import require_api_key
+from service.http.lookup import batch_line
 from service.http.state import app_state
 
 # the routes that run prompts outside GENERATE_BLUEPRINTS: the race page's feed (a stream)
@@ -82,7 +83,8 @@ def register(app: Flask, limit: int, blueprints: set[str], uncapped: frozenset[s
 
     @app.before_request
     def _enter() -> None:
-        if not _runs_prompts(blueprints, uncapped):
+        # a batch line holds none of gunicorn's threads (it runs on the batch runner's own)
+        if not _runs_prompts(blueprints, uncapped) or batch_line():
             return
         # Every gated route wants the key (its blueprint's hook, or the race feed's view, asks
         # again, after this app-wide hook). Asked first here: a request the key refuses gets its

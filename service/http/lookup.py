@@ -7,11 +7,16 @@ from __future__ import annotations
 
 from flask import g, request
 
+from batcher.sequence import Priority
 from service.config import Config
 from service.generation import Engine, Run
 from service.http import admission
 from service.http.state import AppState, current
 from service.plan import Served
+
+# The WSGI environ key that marks a batch line's request (service/jobs/runner.py sets it on the
+# app's own test client): an environ key, not a header, so that no HTTP client can forge it.
+BATCH_LINE = "service.batch_line"
 
 
 def state() -> AppState:
@@ -33,12 +38,18 @@ def engine(name: str) -> Engine:
 
 def run(engine_name: str, max_queue_ms: float | None = None) -> Run:
     """The request's way to `engine_name`: its deadlines from REQUEST_TIMEOUT_S, X-Max-Queue-Ms and
-    the body's `max_queue_ms`. Kept for the request (`current_run`) so that the reply carries
-    what the engine predicted, a refusal too."""
+    the body's `max_queue_ms`; a batch line's at the lowest priority. Kept for the request
+    (`current_run`) so that the reply carries what the engine predicted, a refusal too."""
     settings = config()
     max_ttft_s = admission.max_ttft_s(request.headers, max_queue_ms)
-    g.run = Run(engine(engine_name), settings.request_timeout_s, max_ttft_s, settings)
+    priority = Priority.BATCH if batch_line() else Priority.INTERACTIVE
+    g.run = Run(engine(engine_name), settings.request_timeout_s, max_ttft_s, settings, priority)
     return g.run
+
+
+def batch_line() -> bool:
+    """Whether this request is a batch line, run by the service itself (BATCH_LINE)."""
+    return request.environ.get(BATCH_LINE) is True
 
 
 def current_run() -> Run | None:

@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from flask import Flask
 
+from service.http.lookup import BATCH_LINE
 from service.jobs import input_file
 from service.jobs.lines import STALE_S, Lines
 from service.jobs.store import BatchRecord, Store
@@ -163,7 +164,8 @@ class BatchRunner:
             headers = {"X-Request-Id": f"{batch.id}-{line_no}"}
             if self.state.config.api_keys:  # the route wants a key; any of the service's own does
                 headers["Authorization"] = f"Bearer {self.state.config.api_keys[0]}"
-            reply = self.app.test_client().post(path, json=body, headers=headers)
+            # marked in the environ, which no HTTP client can set: the line runs at the lowest priority
+            reply = self.app.test_client().post(path, json=body, headers=headers, environ_overrides={BATCH_LINE: True})
             if reply.status_code in RETRY:
                 self.lines.release(batch.id, line_no, claim)
                 return

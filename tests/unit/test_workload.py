@@ -1,11 +1,12 @@
-"""The queue alone: what is waiting now, FIFO, rounds of at most N, the bound, cancellation."""
+"""The queue alone: what is waiting now, FIFO, rounds of at most N, the bound, cancellation, and
+interactive work before batch lines."""
 
 import threading
 
 import pytest
 
 from batcher.errors import QueueFull
-from batcher.sequence import Sequence, Status
+from batcher.sequence import Priority, Sequence, Status
 from batcher.workload import Workload
 from tests.helpers import WatchedQueue, wait_until
 
@@ -154,3 +155,67 @@ def test_a_cancelled_solo_sequence_does_not_cut_a_round_short():
     solo.cancel()
     assert w.next_batch(4) == [a, b]
     assert solo.status == Status.CANCELLED
+
+
+# --- priorities: interactive work first, batch lines in the room it leaves ------------------------
+def batch_seqs(*prompts):
+    return [Sequence(p, priority=Priority.BATCH) for p in prompts]
+
+
+def test_interactive_sequences_put_after_batch_ones_are_handed_out_first():
+    w = Workload(16)
+    b1, b2 = batch_seqs("b1", "b2")
+    i1, i2 = seqs("i1", "i2")
+    w.put_all([b1])
+    w.put_all([i1])
+    w.put_all([b2])
+    w.put_all([i2])
+    assert w.queued() == [i1, i2, b1, b2]  # as next_batch hands them out
+    assert w.next_batch(3) == [i1, i2, b1]  # a batch line fills only what the round leaves
+    assert w.next_batch(3) == [b2]
+
+
+def test_an_interactive_request_goes_before_the_rest_of_a_batch_request_already_pulled():
+    w = Workload(16)
+    b1, b2, b3 = batch_seqs("b1", "b2", "b3")
+    w.put_all([b1, b2, b3])
+    assert w.next_batch(1) == [b1]  # b2 and b3 wait in the consumer's carry
+    i1 = Sequence("i1")
+    w.put_all([i1])
+    assert w.next_batch(1) == [i1]
+    assert w.next_batch(4) == [b2, b3]
+
+
+def test_a_batch_sequence_never_displaces_an_interactive_one_from_a_round():
+    w = Workload(16)
+    lines = batch_seqs(*"abcd")
+    w.put_all(lines)
+    interactive = seqs("x", "y", "z")
+    for seq in interactive:
+        w.put_all([seq])
+    assert w.next_batch(4) == [*interactive, lines[0]]
+    assert w.next_batch(4) == lines[1:]
+
+
+def test_batch_work_never_fills_the_queue_for_an_interactive_request():
+    w = Workload(2)
+    w.put_all(batch_seqs("b1", "b2"))
+    w.put_all(seqs("i1", "i2"))  # the batch lines queued run after these: they do not count
+    with pytest.raises(QueueFull):
+        w.put_all(seqs("i3"))  # the interactive bound holds
+    with pytest.raises(QueueFull):
+        w.put_all(batch_seqs("b3"))  # a batch request counts everything: it is the one refused
+    assert (w.qsize(), w.qsize(Priority.INTERACTIVE)) == (4, 2)
+
+
+def test_cancelled_and_drained_sequences_of_both_priorities():
+    w = Workload(8)
+    b1, b2 = batch_seqs("b1", "b2")
+    i1, i2 = seqs("i1", "i2")
+    w.put_all([b1, b2])
+    w.put_all([i1, i2])
+    b1.cancel()
+    i1.cancel()
+    assert w.purge_cancelled() == 2 and w.qsize() == 2
+    assert w.drain() == [i2, b2]
+    assert b1.status == i1.status == Status.CANCELLED
