@@ -116,9 +116,12 @@ class Workload:
                 self._taken[seq.id] = seq
         return seq, held
 
-    def next_batch(self, size: int, wait_s: float = 0.0, idle_timeout: float | None = None) -> list[Sequence]:
+    def next_batch(
+        self, size: int, wait_s: float = 0.0, idle_timeout: float | None = None, *, fill_s: float = 0.0
+    ) -> list[Sequence]:
         """Block until one live sequence waits, then take what is waiting now, oldest first, up to
-        `size`; with `wait_s` > 0, wait up to that long for a fuller batch. Interactive sequences
+        `size`; with `wait_s` > 0, wait up to that long for a fuller batch, and `fill_s` when the
+        batch begins with a batch sequence (batch work can wait for a full round). Interactive sequences
         first, also those put after a batch one: a batch sequence fills only what they leave.
         Cancelled sequences are dropped on the way; a solo sequence ends the batch before it, or
         is the whole batch. Returns [] on `wake()` or after `idle_timeout` with nothing."""
@@ -150,8 +153,9 @@ class Workload:
                 seq.finish("cancelled")
                 continue
             batch.append(seq)
-            if deadline is None and wait_s > 0:
-                deadline = time.monotonic() + wait_s
+            wait = wait_s if batch[0].priority == Priority.INTERACTIVE else max(wait_s, fill_s)
+            if deadline is None and wait > 0:
+                deadline = time.monotonic() + wait
         return batch
 
     def purge_cancelled(self) -> int:

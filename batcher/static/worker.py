@@ -25,6 +25,10 @@ from batcher.static.runner import Runner, set_torch_threads
 
 log = logging.getLogger(__name__)
 
+# How long a round that begins with a batch line waits for more (the batch runner's lines arrive
+# one request thread at a time): a round is seconds long, so a full one is worth this much
+BATCH_FILL_S = 0.05
+
 
 class StaticWorker(EngineThread):
     name = "static"
@@ -74,7 +78,7 @@ class StaticWorker(EngineThread):
 
     def _serve(self) -> None:
         while not self.lifecycle.stopping.is_set():
-            batch = self.workload.next_batch(self.batch_size, self.batch_wait_s)
+            batch = self.workload.next_batch(self.batch_size, self.batch_wait_s, fill_s=BATCH_FILL_S)
             if batch and self.lifecycle.stopping.is_set():  # taken while stop() was abandoning
                 self._abandon()
             if batch:

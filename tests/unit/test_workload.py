@@ -219,3 +219,22 @@ def test_cancelled_and_drained_sequences_of_both_priorities():
     assert w.purge_cancelled() == 2 and w.qsize() == 2
     assert w.drain() == [i2, b2]
     assert b1.status == i1.status == Status.CANCELLED
+
+
+def test_a_round_that_begins_with_a_batch_line_waits_to_fill():
+    """The batch runner's lines arrive one request thread at a time: a round of batch work waits
+    `fill_s` for the rest of a round, where an interactive one would not wait at all."""
+    w = Workload(8)
+    first, *rest = batch_seqs("b1", "b2", "b3")
+    w.put_all([first])
+    got = []
+    consumer = threading.Thread(target=lambda: got.append(w.next_batch(3, fill_s=30.0)))
+    consumer.start()
+    wait_until(lambda: w.qsize() == 0, what="the consumer to take b1")
+    for seq in rest:  # after b1 was taken, within the fill
+        w.put_all([seq])
+    consumer.join(30)
+    assert got == [[first, *rest]]
+    i = Sequence("i")
+    w.put_all([i])
+    assert w.next_batch(3, fill_s=30.0) == [i]  # an interactive round does not wait for batch work
