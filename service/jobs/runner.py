@@ -116,10 +116,9 @@ class BatchRunner:
 
     def _validate(self, batch: BatchRecord) -> None:
         content = self.store.content(batch.owner, batch.input_file_id)
-        engine = self.state.engines[batch.engine]
-        if engine.status == "disabled":  # it will never run: say so now, not at the window's end
-            faults = [{"code": "engine_disabled", "message": engine.error or f"the {batch.engine} engine is off"}]
-        elif content is None:
+        if self.state.engines[batch.engine].status == "disabled":
+            return  # another replica's to run (this one refuses such a batch at its creation)
+        if content is None:
             faults = [{"code": "file_not_found", "message": "the input file was deleted", "param": "input_file_id"}]
         else:
             requests, faults = input_file.read(content, batch.endpoint, self.state.config.max_batch_lines)

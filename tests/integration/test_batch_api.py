@@ -36,7 +36,7 @@ FORM = "multipart/form-data"  # as the SDK and curl -F send it, with a file part
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("jobs")
-    config = Config(vllm_enabled=False, api_key=",".join(KEYS), data_dir=str(data_dir), max_file_bytes=MAX_FILE_BYTES)
+    config = Config(api_key=",".join(KEYS), data_dir=str(data_dir), max_file_bytes=MAX_FILE_BYTES)
     return create_app(config, start=False)  # no thread: the engines stay `loading`, no runner turns
 
 
@@ -200,7 +200,8 @@ def test_files_page_by_after_in_either_order(client, base):
         assert walked == whole["data"]
     ascending = client.get(f"{base}/files?order=asc", headers=auth()).json["data"]
     assert ascending == client.get(f"{base}/files", headers=auth()).json["data"][::-1]
-    assert client.get(f"{base}/files?purpose=batch_output", headers=auth()).json["data"] == []
+    outputs = client.get(f"{base}/files?purpose=batch_output", headers=auth()).json["data"]
+    assert {f["purpose"] for f in outputs} <= {"batch_output"} and not mine & {f["id"] for f in outputs}
 
 
 # --- batches -------------------------------------------------------------------------------------
@@ -330,7 +331,7 @@ def test_a_missing_or_wrong_key_is_a_401(client, base, method, path):
 
 @BASES
 def test_files_and_batches_answer_while_the_engine_cannot_generate(client, base):
-    """No engine started here (and vLLM disabled): the generate routes answer 503, storage does not."""
+    """No engine started here (both loading): the generate routes answer 503, storage does not."""
     r = client.post(f"{base}/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}]}, headers=auth())
     assert r.status_code == 503, r.get_data(as_text=True)
     assert created(client, base)["status"] == "validating"
@@ -369,3 +370,13 @@ def test_a_full_disk_is_a_507_and_keeps_nothing(tmp_path):
     r = client.post("/v1/files", data=data)
     assert r.status_code == 507 and r.json["error"]["code"] == "insufficient_storage", r.json
     assert client.get("/v1/files").json["data"] == []
+
+
+def test_a_batch_for_a_disabled_engine_is_a_503_and_nothing_is_made(tmp_path):
+    """It would never run on this replica: refused as the online routes refuse that engine."""
+    app = create_app(Config(vllm_enabled=False, data_dir=str(tmp_path)), start=False)
+    client = app.test_client()
+    source = uploaded(client, "/v1", key=None)
+    body = {"input_file_id": source["id"], "endpoint": CHAT, "completion_window": "24h"}
+    refused(client.post("/v1/batches", json=body), 503, None, "disabled")
+    assert client.get("/v1/batches").json["data"] == []

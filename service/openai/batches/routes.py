@@ -16,6 +16,8 @@ from service.protocol import validate
 
 def create_batch(engine: str):
     req = validate(BatchCreate, json_body(request), lookup.config())
+    if lookup.engine(engine).status == "disabled":  # it would never run here: 503, as the online routes
+        lookup.engine(engine).check_available()
     store, owner = storage.caller()
     made = serving.create(store, owner, engine, req)
     _wake_runner()
