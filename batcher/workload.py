@@ -41,6 +41,7 @@ class Workload:
         self._waiting = {p: collections.deque() for p in Priority}
         self._lock = threading.Lock()
         self._taken: dict[str, Sequence] = {}  # by id, in the order taken
+        self._interactive_at = float("-inf")  # when interactive work was last queued or resolved (monotonic)
 
     def qsize(self, upto: Priority = max(Priority)) -> int:
         """Queued sequences (of priority `upto` or more urgent; all by default), not counting
@@ -71,6 +72,15 @@ class Workload:
         with self._lock:
             return self._count() + len(self._taken)
 
+    def interactive_quiet_s(self) -> float:
+        """Seconds since the engine last held interactive work: 0 while it holds some (queued or
+        taken). What a batch runner reads to tell spare room from a lull between requests."""
+        with self._lock:
+            taken = any(seq.priority == Priority.INTERACTIVE for seq in self._taken.values())
+            if taken or self._live(Priority.INTERACTIVE):
+                return 0.0
+            return time.monotonic() - self._interactive_at
+
     def taken(self) -> list[Sequence]:
         with self._lock:
             return list(self._taken.values())
@@ -82,6 +92,8 @@ class Workload:
         """The engine is about to resolve `seq`: it no longer holds it."""
         with self._lock:
             self._taken.pop(seq.id, None)
+            if seq.priority == Priority.INTERACTIVE:
+                self._interactive_at = time.monotonic()
 
     def put_all(self, seqs: list[Sequence]) -> None:
         """Enqueue one request's sequences, or none (QueueFull): against the bound count what is
@@ -92,6 +104,8 @@ class Workload:
                 raise QueueFull(f"queue holds {queued} of {self.maxsize} sequences; {len(seqs)} more do not fit")
             for seq in seqs:
                 self._waiting[seq.priority].append(seq)
+                if seq.priority == Priority.INTERACTIVE:
+                    self._interactive_at = time.monotonic()
             self._queue.put_nowait(list(seqs))
 
     def wake(self) -> None:

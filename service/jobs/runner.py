@@ -3,11 +3,12 @@
 Each turn it beats its heartbeat, reads new batches' files (validating -> in_progress, or failed
 with the file's faults), ends what is cancelled, expired or done (finalizing -> cancelled,
 expired, completed, with the output and error files), and hands each in_progress batch's lines to
-its engine as far as there is spare room: none while interactive work waits in that engine's
-queue, at most a round's worth of its own in flight (static: BATCH_SIZE; vLLM: half of
-VLLM_MAX_NUM_SEQS). A line runs through the app itself, on the route its batch names under its base
-URL, so its answer is the online route's, byte for byte; a refusal that a retry can turn (429,
-503) hands the line back for later.
+its engine as far as there is spare room: none while anything waits in that engine's queue, at
+most a round's worth of its own in flight (BATCH_SIZE) while interactive work runs there, and on
+vLLM half of VLLM_MAX_NUM_SEQS once it has been quiet for QUIET_S (`batch_width`). A line runs
+through the app itself, on the route its batch names under its base URL, so its answer is the
+online route's, byte for byte; a refusal that a retry can turn (429, 503) hands the line back for
+later.
 
 Nothing is lost to a crash: each result is recorded as it completes (lines.py), a dead worker's
 claims go back once its heartbeat is stale, and a batch's end is one transaction (store.py)."""
@@ -24,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from flask import Flask
 
+from service.config import Config
 from service.http.lookup import BATCH_LINE
 from service.jobs import input_file
 from service.jobs.lines import STALE_S, Lines
@@ -33,8 +35,23 @@ log = logging.getLogger(__name__)
 
 TURN_S = 0.5  # the longest a runner sleeps between turns; a finished line or a new batch wakes it
 PREFIXES = {"vllm": "/v1", "static": "/static/v1"}  # the engine a batch runs on, by its base URL
+QUIET_S = 1.0  # interactive work gone this long: a lull between a client's requests is not spare room
 RETRY = {429, 503}  # busy, or not serving now: the line goes back, another turn tries again
 NO_STREAM = {"code": "invalid_request", "message": "'stream' is not supported in a batch", "param": "stream"}
+
+
+def batch_width(engine: str, config: Config, *, quiet_s: float) -> int:
+    """The most lines of ours an engine runs at once. While interactive work runs there (or ran
+    within QUIET_S), a round's worth, BATCH_SIZE, on either engine: on vLLM each line's prefill
+    shares an interactive request's step, and half its slots of batch lines made interactive
+    first tokens 1.6x slower, four of them 1.1x (docs/performance.md). Once quiet, static keeps a
+    round; vLLM takes half its slots, since its priority preempts for KV cache blocks, not for a
+    slot: the other half stays free for the next interactive request."""
+    busy = config.batch_size
+    if engine == "static":
+        return busy
+    full = max(1, config.vllm_max_num_seqs // 2)
+    return min(busy, full) if quiet_s < QUIET_S else full
 
 
 class BatchRunner:
@@ -133,10 +150,7 @@ class BatchRunner:
         eng = self.state.engines[engine]
         if not eng.ready or eng.draining or eng.queued() > 0:
             return 0
-        config = self.state.config
-        # a round's worth on the static engine; half of vLLM's slots, since its priority preempts for
-        # KV cache blocks, not for a slot: the other half stays free for interactive requests
-        limit = config.batch_size if engine == "static" else max(1, config.vllm_max_num_seqs // 2)
+        limit = batch_width(engine, self.state.config, quiet_s=eng.workload.interactive_quiet_s())
         with self._lock:
             return max(0, limit - self._in_flight[engine])
 

@@ -1,6 +1,7 @@
 """The queue alone: what is waiting now, FIFO, rounds of at most N, the bound, cancellation, and
 interactive work before batch lines."""
 
+import math
 import threading
 
 import pytest
@@ -238,3 +239,21 @@ def test_a_round_that_begins_with_a_batch_line_waits_to_fill():
     i = Sequence("i")
     w.put_all([i])
     assert w.next_batch(3, fill_s=30.0) == [i]  # an interactive round does not wait for batch work
+
+
+def test_interactive_quiet_is_zero_while_interactive_work_is_held_and_counts_from_its_end():
+    w = Workload(16)
+    (line,) = batch_seqs("line")
+    w.put_all([line])
+    assert w.interactive_quiet_s() == math.inf  # batch work alone: the engine never held interactive work
+    (a,) = seqs("a")
+    w.put_all([a])
+    assert w.interactive_quiet_s() == 0.0  # queued
+    assert w.next_batch(4) == [a, line]
+    assert w.interactive_quiet_s() == 0.0  # taken, running
+    w.release(line)
+    assert w.interactive_quiet_s() == 0.0  # a batch line's end changes nothing
+    w.release(a)
+    assert 0.0 <= w.interactive_quiet_s() < math.inf  # counted from the interactive sequence's end
+    w.put_all(seqs("b"))
+    assert w.interactive_quiet_s() == 0.0
