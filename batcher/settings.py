@@ -45,12 +45,16 @@ class VLLMSettings:
     max_num_seqs: int
     max_model_len: int
     max_input_tokens: int
-    kv_cache_gib: int  # CPU only: VLLM_CPU_KVCACHE_SPACE
+    kv_cache_gib: float  # CPU only: the KV cache, resident from the start (kv_cache_bytes)
     gpu_memory_utilization: float  # GPU only
     max_inbox: int
     tensor_parallel_size: int
     stall_s: float  # ENGINE_STALL_S
     profile_step_s: tuple[tuple[int, float], ...] = ()  # as StaticSettings'
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return int(self.kv_cache_gib * 2**30)
 
     def shown(self) -> dict:
         shown = ("device", "dtype", "enforce_eager", "reason")
@@ -80,4 +84,7 @@ class VLLMSettings:
             "max_num_batched_tokens": SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS,  # the engine's own default
             "disable_log_stats": True,
             "structured_outputs_config": vllm_config(),  # the static engine's xgrammar settings
+            # on a CPU the KV cache is sized in bytes (VLLM_CPU_KVCACHE_SPACE, whole GiB, still wins
+            # if set); on a GPU gpu_memory_utilization sizes it
+            **({"kv_cache_memory_bytes": self.kv_cache_bytes} if self.device == "cpu" else {}),
         }

@@ -102,14 +102,15 @@ def run_batch(model_path: str, lines: list[dict], log_path: Path, machine: str) 
     logged its engine built to its exit (what ours is timed on: a service already loaded)."""
     config = Config.from_env()
     vllm = config.vllm_engine(model_path)
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(vllm.kv_cache_gib), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.update(use_compile_cache(config.compile_cache_dir, "cpu"))
     with tempfile.TemporaryDirectory(prefix="run-batch-") as folder:
         source, target = Path(folder) / "in.jsonl", Path(folder) / "out.jsonl"
         source.write_bytes(jsonl(lines))
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(source), "-o", str(target),
                "--model", model_path, "--dtype", vllm.dtype, "--max-model-len", str(vllm.max_model_len),
-               "--max-num-seqs", str(vllm.max_num_seqs)]  # fmt: skip
+               "--max-num-seqs", str(vllm.max_num_seqs),
+               "--kv-cache-memory-bytes", str(vllm.kv_cache_bytes)]  # fmt: skip
         cmd += ["--enforce-eager"] if vllm.enforce_eager else []
         started, loaded = time.perf_counter(), None
         with open(log_path, "ab") as log:

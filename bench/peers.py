@@ -173,10 +173,11 @@ def servers(model_path: str, llama_server: Path | None, log_path: Path) -> Itera
         yield launched("llama.cpp Q4_1 (the shipped GGUF)", [*llama, str(gguf_path())], log_path)
         yield launched("llama.cpp F16 (converted from the checkpoint)", [*llama, str(f16)], log_path)
     vllm, static = config.vllm_engine(model_path), config.static_engine(model_path)
-    env = {"VLLM_CPU_KVCACHE_SPACE": str(vllm.kv_cache_gib), **use_compile_cache(config.compile_cache_dir, "cpu")}
+    env = use_compile_cache(config.compile_cache_dir, "cpu")
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path, "--host", "127.0.0.1",
            "--port", "{port}", "--dtype", vllm.dtype, "--max-model-len", str(vllm.max_model_len),
-           "--max-num-seqs", str(vllm.max_num_seqs), "--served-model-name", Path(model_path).name,
+           "--max-num-seqs", str(vllm.max_num_seqs), "--kv-cache-memory-bytes", str(vllm.kv_cache_bytes),
+           "--served-model-name", Path(model_path).name,
            *(["--enforce-eager"] if vllm.enforce_eager else [])]  # fmt: skip
     yield launched(f"vLLM's own server ({_form(vllm.dtype, not vllm.enforce_eager)})", cmd, log_path, env)
     yield _ours(log_path, _form(vllm.dtype, not vllm.enforce_eager), _form(static.dtype, static.compile))

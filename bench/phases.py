@@ -17,13 +17,14 @@ from pathlib import Path
 from batcher.checkpoint import resolve_model
 from batcher.profile import child, choose, show, store
 from batcher.profile import measure as profiling
-from bench import batch, measure, peers, report, serve_client, soak, structured, wait
+from bench import batch, measure, memory, peers, report, serve_client, soak, structured, wait
 from deploy.server import SETTLED, Server
 from service.config import Config
 
 SWEEP_N, SWEEP, BASIC_MAX_N, READY_TIMEOUT_S, STARTUP_TIMEOUT_S = 64, [1, 2, 4, 8, 16, 64], 16, 300, 1500
 ON_THE_SERVICE = ("grid", "ttft", "structured", "openai", "wait")
-LATER = ("direct", "offline", "sweep", "fidelity", "profile", "startup", "peers")  # the service stopped; own processes
+# the service stopped; each in processes of its own
+LATER = ("direct", "offline", "sweep", "fidelity", "profile", "startup", "memory", "peers")
 ASKED = ("soak", "batch")  # only in --only: minutes (soak) to an hour (batch), on a service of their own (or --url)
 QUICK = {"n": [1, 4, 16], "repeats": 1, "phases": ("grid", "ttft", "structured", "direct", "offline")}
 FULL = {"n": [1, 4, 16, 64], "repeats": 3, "phases": ON_THE_SERVICE + LATER}
@@ -184,6 +185,9 @@ class Bench:
             raise RuntimeError("no stored profile for this machine: run `python -m batcher.profile --measure`")
         todo = {(r["engine"], r["dtype"], r["eager"]) for r in stored["rows"] if not choose.ruled_out(r)}
         self.res["profile"] = show.beside(stored, self.profiled(only=todo))
+
+    def memory(self) -> None:  # where the worker's resident memory goes, a process per form
+        self.res["memory"] = memory.run(self.log_path)
 
     def peers(self) -> None:  # the servers a user would run instead, one at a time (bench/peers.py)
         args = self.args

@@ -30,6 +30,7 @@ TITLES = {
     "Batch API on each engine, the service otherwise idle, and vLLM's run_batch alone (bench/batch.py)",
     "batch_spare_room": "A batch in the spare room: the same interactive streams alone and with a batch behind them",
     "startup": "Start-up, cold then warm (seconds since gunicorn was launched)",
+    "memory": "The worker's resident memory, piece by piece, a process per form (bench/memory.py)",
     "soak": "Soak: open-loop arrivals at 3x capacity, CPU hogs, then a quiet spell (bench/soak.py)",
     "targets": "Targets",
     "phases": "Phases",

@@ -87,7 +87,7 @@ class Config:
     vllm_enabled: bool = True
     vllm_max_num_seqs: Annotated[int, between(1, 65536)] = 64
     vllm_max_model_len: Annotated[int, between(2, 1 << 22)] = 2048
-    vllm_kv_cache_gib: Annotated[int, between(1, 4096)] = 1  # CPU only: VLLM_CPU_KVCACHE_SPACE, whole GiB
+    vllm_kv_cache_gib: Annotated[float, between(high=4096, above=0)] = 0.5  # CPU only: vLLM's KV cache, 23k fp16 tokens
     vllm_gpu_memory_utilization: Annotated[float, between(high=1, above=0)] = 0.5  # GPU only
     vllm_max_inbox: Annotated[int, between(1, 1_000_000)] = 256
     # auto: from the profile on a CPU (eager without one); compiled on a GPU

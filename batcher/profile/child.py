@@ -76,7 +76,6 @@ def _static(settings: StaticSettings) -> SimpleNamespace:
 
 
 def _vllm(settings: VLLMSettings) -> SimpleNamespace:
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings.kv_cache_gib))
     from vllm import LLM, SamplingParams
 
     started = time.perf_counter()

@@ -81,7 +81,6 @@ class VLLMWorker(EngineThread):
         # path. Must be set before vllm is imported.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         s = self.settings
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(s.kv_cache_gib))
         fence.install()
         from vllm import EngineArgs, LLMEngine
 

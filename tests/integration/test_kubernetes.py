@@ -5,10 +5,12 @@ answer on the session's app, the grace period covers the drain, and every metric
 the InferencePool's endpoint picker reads is one /metrics exports.
 
 Resource requests (base/deployment.yaml) were measured with deploy.server.Server at the defaults
-(both engines, the machine profile's `auto`s) on the AMD EPYC here, 2 cores, 2026-12-04: the
-worker's resident memory 2.88 GiB with both engines ready and idle, 3.27 GiB at most under 8
-concurrent one-prompt 20-token clients (half per engine, 795 requests in 90 s, all 200); the
-master 54 MiB; the worker first answered 14.1 s after the start, both engines were ready at 28 s."""
+(both engines, the machine profile's `auto`s, make serve's tcmalloc preload) on an Intel Xeon, 2
+cores, 2026-12-05: the worker's resident memory 2.03 GiB with both engines ready and idle, 2.08
+GiB at most under 8 concurrent one-prompt 20-token chat clients (half per engine, 511 requests in
+90 s, all 200); the master 75 MiB. On the AMD EPYC, 2026-12-04, with 1 GiB of KV cache (0.5 now):
+2.88 and 3.27 GiB, the master 54 MiB; the worker first answered 14.1 s after the start, both
+engines were ready at 28 s."""
 
 from __future__ import annotations
 

@@ -179,3 +179,15 @@ def test_the_profile_measures_the_vllm_config_the_service_runs(vllm_app):
     )
     assert profile.scheduler_config.max_num_batched_tokens == service.scheduler_config.max_num_batched_tokens
     assert profile.compute_hash() == service.compute_hash()
+
+
+def test_the_kv_cache_is_the_size_asked_in_bytes_and_a_gpu_gets_none(vllm_app):
+    """VLLM_KV_CACHE_GIB was whole GiB (vLLM's VLLM_CPU_KVCACHE_SPACE), so 1 GiB was the least;
+    it is vLLM's kv_cache_memory_bytes now, fractions allowed (the default 0.5), which a GPU must
+    not get: it would override VLLM_GPU_MEMORY_UTILIZATION."""
+    engine = app_state(vllm_app).engines["vllm"]
+    cache = engine.engine.vllm_config.cache_config
+    assert cache.kv_cache_memory_bytes == engine.settings.kv_cache_bytes == int(engine.settings.kv_cache_gib * 2**30)
+    quarter = dataclasses.replace(engine.settings, device="cpu", kv_cache_gib=0.25)
+    assert quarter.engine_args()["kv_cache_memory_bytes"] == 2**28
+    assert "kv_cache_memory_bytes" not in dataclasses.replace(quarter, device="cuda").engine_args()

@@ -51,6 +51,7 @@ def test_no_key_setting_at_all_serves_open_and_keys_are_read_as_before(monkeypat
         ("BATCH_SIZE", "0", "a whole number in 1..256"),
         ("MAX_QUEUE", "1.5", "a whole number in 1..1000000"),
         ("VLLM_GPU_MEMORY_UTILIZATION", "1.5", "a finite number (> 0, <= 1)"),
+        ("VLLM_KV_CACHE_GIB", "0", "a finite number (> 0, <= 4096)"),
         ("PORT", "70000", "a whole number in 1..65535"),
         ("GRACEFUL_TIMEOUT", "-5", "a whole number in 1..86400"),
         ("REPLICAS", "0", "a whole number in 1..256"),
