@@ -93,10 +93,14 @@ profile: model
 # nginx on HOST:PORT in front of gunicorn on 127.0.0.1:PORT+1, under supervisord, in the foreground
 # (deploy/cluster.py serve): nginx reads every request whole, so slow clients hold no gunicorn
 # thread. Ctrl-C drains and stops. Without nginx: plain gunicorn on HOST:PORT, with a warning.
-serve: setup
+# Without the profile: where this machine has none yet, deploy/cluster.py serves at once with the
+# defaults and measures it beside (deploy/first_profile.py, PROFILE_BUDGET and PROFILE_FINISH as
+# below), then switches to its choices.
+serve: model
 	$(PROFILE_WAIT)
 	HOST=$(HOST) PORT=$(PORT) CLUSTER_DIR=$(SERVE_DIR) MODEL=$(MODEL) CACHE_DIR=$(CACHE_DIR) \
-	  ACCEL=$(ACCEL) REPLICA_PRELOAD=$(PRELOAD) exec $(PY) -m deploy.cluster serve
+	  ACCEL=$(ACCEL) REPLICA_PRELOAD=$(PRELOAD) PROFILE_BUDGET=$(PROFILE_BUDGET) PROFILE_FINISH=$(PROFILE_FINISH) \
+	  exec $(PY) -m deploy.cluster serve
 
 # Replicas behind nginx under supervisord, in the foreground (deploy/cluster.py); Ctrl-C drains and stops.
 cluster: setup

@@ -26,8 +26,11 @@ import argparse
 import dataclasses
 import logging
 import os
+import subprocess
+import sys
 
 # what `run`, `serve` and `rolling-restart` are made of, each in a module of its own
+from deploy.first_profile import missing
 from deploy.listen import DEFAULT_HOST, warn_if_open  # gunicorn.conf.py imports both from here
 from deploy.render import render
 from deploy.rolling_restart import rolling_restart
@@ -66,9 +69,18 @@ def serve(s: Settings) -> None:
         if s.preload:
             env["LD_PRELOAD"] = s.preload
         os.chdir(ROOT)
+        if missing(s.accel):  # no second replica to switch to: measure first, as `make setup` does
+            budget = os.environ.get("PROFILE_BUDGET", "200")
+            subprocess.run([sys.executable, "-m", "batcher.profile", "--if-missing", "--budget", budget], env=env)
         os.execve(gunicorn, [gunicorn, "-c", "gunicorn.conf.py", "wsgi:app"], env)
     else:
-        run(dataclasses.replace(s, replicas=1, replica_host=DEFAULT_HOST, logs_to_terminal=True))
+        # no profile yet: serve now with the defaults, measure beside, then switch (deploy/first_profile.py)
+        first = missing(s.accel)
+        if first:
+            print("serve: no profile for this machine yet: serving with the defaults now, measuring it once"
+                  " the engines are ready, then switching to its choices, no request dropped", flush=True)  # fmt: skip
+        one = dataclasses.replace(s, replicas=2 if first else 1, replica_host=DEFAULT_HOST, first_profile=first)
+        run(dataclasses.replace(one, logs_to_terminal=True))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import jinja2
@@ -28,7 +29,10 @@ def _supervisor_value(value: str) -> str:
 
 def render(s: Settings, down: int | None = None) -> Path:
     """Write nginx.conf and supervisord.conf into the run folder; returns supervisord.conf.
-    Replica number `down` (1-based) is marked down in nginx's upstream."""
+    Replica number `down` (1-based) is marked down in nginx's upstream. With `first_profile`,
+    replica2 does not start with the others and is down until deploy/first_profile.py switches."""
+    if s.first_profile and down is None:
+        down = 2
     for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
         (s.run_dir / "nginx-tmp" / sub).mkdir(parents=True, exist_ok=True)
     replicas = []
@@ -49,6 +53,7 @@ def render(s: Settings, down: int | None = None) -> Path:
                 "prefix": s.command_prefix(f"replica{i}"),
                 "environment": environment,
                 "down": i == down,
+                "autostart": not (s.first_profile and i == 2),
             }
         )
     values = {
@@ -72,6 +77,9 @@ def render(s: Settings, down: int | None = None) -> Path:
         "stop_wait_s": s.graceful_timeout_s + 15,
         "halted_status": EXIT_STATUS,  # a master that stopped because its workers cannot start
         "logs_to_terminal": s.logs_to_terminal,
+        "first_profile": s.first_profile,
+        "python": sys.executable,
+        "profile_environment": f"LD_PRELOAD={_supervisor_value(s.preload)}" if s.preload else "",
     }
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE), undefined=jinja2.StrictUndefined)
     for name in ("nginx.conf", "supervisord.conf"):

@@ -36,6 +36,8 @@ class Settings:
     replica_hosts: tuple[str, ...] = ()
     # a prefix to a supervisord program's command ("nginx", "replica1", ...): e.g. "ip netns exec h1"
     prefixes: dict[str, str] = field(default_factory=dict)
+    # `make serve` with no profile yet: replica2 waits, out of nginx, for deploy/first_profile.py
+    first_profile: bool = False
 
     def __post_init__(self) -> None:
         if self.replica_hosts and len(self.replica_hosts) != self.replicas:

@@ -148,6 +148,7 @@ def test_serve_is_one_replica_on_loopback_behind_nginx_with_its_log_on_the_termi
         monkeypatch.setenv(key, value)
     execs = []
     monkeypatch.setattr(cluster.os, "execv", lambda path, argv: execs.append(argv))
+    monkeypatch.setattr(cluster, "missing", lambda accel: False)  # this machine has its profile
     cluster.serve(Settings.from_env())
     assert execs and execs[0][0].endswith("supervisord")  # the cluster's launcher, one replica
     nginx, supervisord = (tmp_path / "nginx.conf").read_text(), (tmp_path / "supervisord.conf").read_text()
@@ -159,6 +160,33 @@ def test_serve_is_one_replica_on_loopback_behind_nginx_with_its_log_on_the_termi
     assert Settings.load(tmp_path).replica_host == "127.0.0.1"  # a rolling restart renders the same
 
 
+def test_serve_with_no_profile_yet_starts_one_replica_and_keeps_a_second_for_the_switch(tmp_path, monkeypatch):
+    """deploy/first_profile.py's cluster: replica1 starts and serves, replica2 neither starts nor
+    gets traffic until the switch, and the first-profile program runs once beside them."""
+    if NGINX is None:
+        pytest.skip("nginx is not installed (`make setup` installs it when run as root)")
+    for key, value in {"PORT": "9400", "REPLICA_PRELOAD": "/lib/t.so", "CLUSTER_DIR": str(tmp_path)}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(cluster.os, "execv", lambda path, argv: None)
+    monkeypatch.setattr(cluster, "missing", lambda accel: True)
+    cluster.serve(Settings.from_env())
+    nginx = (tmp_path / "nginx.conf").read_text()
+    assert "server 127.0.0.1:9401 max_fails=3 fail_timeout=5s;" in nginx
+    assert "server 127.0.0.1:9402 max_fails=3 fail_timeout=5s down;" in nginx
+    parser = configparser.RawConfigParser(inline_comment_prefixes=(";",))
+    parser.read(tmp_path / "supervisord.conf")
+    assert parser.get("program:replica1", "autostart") == "true"
+    assert parser.get("program:replica2", "autostart") == "false"
+    assert parser.get("program:first-profile", "command").endswith(f"-m deploy.first_profile {tmp_path}")
+    assert parser.get("program:first-profile", "autorestart") == "false"
+    assert parser.get("program:first-profile", "environment") == 'LD_PRELOAD="/lib/t.so"'
+    assert Settings.load(tmp_path).first_profile  # what the switch renders from
+    render(Settings.load(tmp_path), down=1)  # the switch: replica1 out, replica2 in
+    nginx = (tmp_path / "nginx.conf").read_text()
+    assert "server 127.0.0.1:9401 max_fails=3 fail_timeout=5s down;" in nginx
+    assert "server 127.0.0.1:9402 max_fails=3 fail_timeout=5s;" in nginx
+
+
 def test_serve_without_nginx_warns_and_runs_plain_gunicorn_on_host_and_port(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("PORT", "9300")
     monkeypatch.setenv("HOST", "0.0.0.0")
@@ -168,6 +196,7 @@ def test_serve_without_nginx_warns_and_runs_plain_gunicorn_on_host_and_port(tmp_
     monkeypatch.setattr(cluster.os, "chdir", lambda path: None)
     execs = []
     monkeypatch.setattr(cluster.os, "execve", lambda path, argv, env: execs.append((argv, env)))
+    monkeypatch.setattr(cluster, "missing", lambda accel: False)
     with caplog.at_level("WARNING", logger="deploy.serve"):
         cluster.serve(Settings.from_env())
     ((argv, env),) = execs
