@@ -52,7 +52,7 @@ def templates(model_path: str) -> tuple[StaticSettings, VLLMSettings]:
     """The service's default settings on a CPU (tests/integration/test_profile.py checks them against
     Config's), so that what the profile compiles is what `make serve` finds in the cache."""
     static = StaticSettings(model_path, "cpu", "float32", False, "", 4, 0.0, 256, 512, 512, 0, 300.0)
-    return static, VLLMSettings(model_path, True, "cpu", "float32", True, "", 64, 2048, 512, 1, 0.5, 256, 1, 300.0)
+    return static, VLLMSettings(model_path, True, "cpu", "float32", True, "", 64, 2048, 512, 0.5, 0.5, 256, 1, 300.0)
 
 
 def candidates() -> list[tuple[str, str, bool]]:

@@ -1,9 +1,10 @@
 """Any model the service can serve, `make serve` can serve (issue 44, point 0): a small model of
 another architecture (OPT, the write-up's own family), built here from a config with random
 weights and SmolLM2's tokenizer stripped of its chat template, goes through `make serve` as a user
-would run it: `make setup` profiles it (through plain completions, and says so), then nginx and
-gunicorn serve it, and every route family answers one request: the completions routes of both
-engines 200, the chat and Responses routes a clear 400."""
+would run it: nginx and gunicorn serve it at once with the defaults, the profile is measured beside
+(through plain completions, and says so), a second gunicorn takes over with its choices
+(deploy/first_profile.py), and every route family answers one request: the completions routes of
+both engines 200, the chat and Responses routes a clear 400."""
 
 import json
 
@@ -51,7 +52,8 @@ def served_opt(opt_folder, tmp_path_factory):
     profiles = tmp_path_factory.mktemp("profiles")  # its profile apart from the default model's
     srv = MakeServe(tmp_path_factory.mktemp("serve-opt"), {"MODEL": str(opt_folder), "PROFILE_DIR": str(profiles)})
     try:
-        srv.wait_ready(900)
+        srv.wait_ready(900)  # at once, with the defaults: the model has no profile yet
+        srv.wait_switched(1200)  # then on the profile's choices, measured beside it
         yield srv, profiles
     finally:
         srv.stop()

@@ -29,7 +29,9 @@ def listening(port: int) -> bool:
 
 class MakeServe:
     def __init__(self, run_dir: Path, env: dict[str, str]):
-        self.run_dir, self.port = run_dir, free_port_run(3)  # nginx on port, gunicorn + 1, its probe server + 2
+        # nginx on port, gunicorn + 1, its probe server + 2; or, with no profile for the machine yet,
+        # two gunicorns (+ 1, + 2) and their probe servers (+ 3, + 4): deploy/first_profile.py
+        self.run_dir, self.port = run_dir, free_port_run(5)
         self.nginx = find_tool("nginx") is not None
         self.url = f"http://127.0.0.1:{self.port}"  # what a client calls
         self.replica_url = f"http://127.0.0.1:{self.port + 1}" if self.nginx else self.url  # gunicorn itself
@@ -67,6 +69,16 @@ class MakeServe:
             if self.proc.poll() is not None or failed or time.monotonic() > deadline:
                 raise RuntimeError(f"make serve not ready ({health}):\n{self.log_text()[-3000:]}")
             time.sleep(0.5)
+
+    def wait_switched(self, timeout_s: float) -> dict:
+        """With no profile for the machine yet: until deploy/first_profile.py has measured it and
+        moved nginx to the replica started with its choices, and that replica is ready; its /health."""
+        deadline = time.monotonic() + timeout_s
+        while "first-profile: switched" not in (log := self.log_text()):
+            if self.proc.poll() is not None or "first-profile: no switch" in log or time.monotonic() > deadline:
+                raise RuntimeError(f"make serve did not switch to the profile:\n{log[-3000:]}")
+            time.sleep(1)
+        return self.wait_ready(max(1.0, deadline - time.monotonic()))
 
     def stop(self, timeout_s: float = 180) -> None:
         """SIGTERM to make's whole group, as Ctrl-C sends its signal: supervisord drains and stops
