@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-# env on top of ours, per row: the defaults, the KV cache before issue 53, the weights in fp32
+# env on top of ours, per row: the defaults, the KV cache's former default, the weights in fp32
 FORMS = {
     "the service's settings": {},
     "VLLM_KV_CACHE_GIB=1": {"VLLM_KV_CACHE_GIB": "1"},

@@ -43,8 +43,8 @@ NO_STREAM = {"code": "invalid_request", "message": "'stream' is not supported in
 def batch_width(engine: str, config: Config, *, quiet_s: float) -> int:
     """The most lines of ours an engine runs at once. While interactive work runs there (or ran
     within QUIET_S), a round's worth, BATCH_SIZE, on either engine: on vLLM each line's prefill
-    shares an interactive request's step, and half its slots of batch lines made interactive
-    first tokens 1.6x slower, four of them 1.1x (docs/performance.md). Once quiet, static keeps a
+    shares an interactive request's step, so half its slots of batch lines slowed interactive
+    first tokens well past what a round's worth does (docs/performance.md). Once quiet, static keeps a
     round; vLLM takes half its slots, since its priority preempts for KV cache blocks, not for a
     slot: the other half stays free for the next interactive request."""
     busy = config.batch_size
