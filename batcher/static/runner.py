@@ -12,6 +12,7 @@ Each row's tokens and text go straight into its `Sequence`; a round returns only
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -47,15 +48,30 @@ def set_torch_threads(n: int) -> None:
     _set_num_threads(n or len(os.sched_getaffinity(0)))
 
 
+# Inductor on a CPU (docs/performance.md#one-graph-a-compiled-decode-step-on-a-cpu): freezing
+# folds the weights into the graph as constants, so that max_autotune's C++ GEMM template packs
+# them once and picks its own micro-kernel for a step's few rows (faster than aten's linears at one
+# row); cpp_wrapper calls the step's kernels from C++, without Python between them. Set around the
+# round that compiles (Runner.generate), not as torch.compile's options: Dynamo reads `freezing`
+# from the global config while it traces, and without it leaves the weights as graph inputs.
+CPU_OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN", "cpp_wrapper": True}
+
+
 def compile_config(device: str) -> CompileConfig:
     """transformers' own compiled decoding: handed a static KV cache, generate() runs its decode
     steps through torch.compile of the model's forward (the prefill stays eager). Static shapes
-    (see Runner.generate for how few); CUDA graphs on a GPU."""
+    (see Runner.generate for how few); CUDA graphs on a GPU, CPU_OPTIONS on a CPU."""
     config = CompileConfig(
         fullgraph=True, dynamic=False, mode="reduce-overhead" if device.startswith("cuda") else "default"
     )
     config._compile_all_devices = True  # generate() compiles on accelerators only unless told
     return config
+
+
+def graph_width(rows: int, max_batch: int) -> int:
+    """The rows a compiled round runs: one prompt alone (its own graph: a step of one row is
+    cheaper than one of BATCH_SIZE); more are padded to `max_batch` (one graph for the rest)."""
+    return 1 if rows == 1 else max_batch
 
 
 def cache_bucket(needed: int, ceiling: int) -> int:
@@ -76,9 +92,9 @@ class Runner:
         self.max_batch = settings.batch_size
         self.max_cache_len = settings.max_input_tokens + settings.max_tokens_limit
         model_path = settings.model_path
-        self._graphs: set[int] = set()  # cache lengths compiled so far
-        if self.compile_config is not None:  # a graph per cache length (cache_bucket), not more
-            limit = cache_bucket(self.max_cache_len, self.max_cache_len).bit_length()
+        self._graphs: set[tuple[int, int]] = set()  # (graph_width, cache length) compiled so far
+        if self.compile_config is not None:  # a graph per width and cache length (cache_bucket), not more
+            limit = 2 * cache_bucket(self.max_cache_len, self.max_cache_len).bit_length()
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         # Decoder-only models continue from the last position, so padding must go on the left.
@@ -110,20 +126,23 @@ class Runner:
         return self.compile_config is not None
 
     def needs_compile(self, inputs: dict[str, torch.Tensor], max_tokens: int) -> bool:
-        """Whether this round would compile a new graph (a cache length not seen yet)."""
+        """Whether this round would compile a new graph (a width and cache length not seen yet)."""
         if self.compile_config is None:
             return False
-        return self._cache_len(inputs["input_ids"].shape[1] + max_tokens) not in self._graphs
+        rows, length = inputs["input_ids"].shape
+        return (graph_width(rows, self.max_batch), self._cache_len(length + max_tokens)) not in self._graphs
 
     def _cache_len(self, needed: int) -> int:
         return cache_bucket(needed, self.max_cache_len)
 
     def warm_up(self) -> float:
-        """Compile the decode graph of the shortest cache before the first request pays for it;
-        seconds. Longer rounds compile theirs when they first come (the log says so)."""
+        """Compile the decode graphs of the shortest cache (one row, and a padded round) before the
+        first request pays for them; seconds. Longer rounds compile theirs when they first come
+        (the log says so)."""
         started = time.perf_counter()
-        seq = Sequence("Hello", SamplingParams(max_tokens=2, ignore_eos=True))
-        self.generate([seq], self.encode([seq.prompt]))
+        for rows in sorted({1, self.max_batch}):
+            seqs = [Sequence("Hello", SamplingParams(max_tokens=2, ignore_eos=True)) for _ in range(rows)]
+            self.generate(seqs, self.encode([seq.prompt for seq in seqs]))
         return time.perf_counter() - started
 
     def encode(self, prompts: list[Prompt]) -> dict[str, torch.Tensor]:
@@ -153,7 +172,7 @@ class Runner:
         failures = failures if failures is not None else RowFailures()
         if self.compile_config is not None:
             seqs, inputs, cache_len = self._static_shapes(seqs, inputs)
-            extra["past_key_values"] = StaticCache(config=self.model.config, max_cache_len=cache_len)
+            extra["past_key_values"] = self._static_cache(len(seqs), cache_len)
         processors, recorder, sample = per_row.build(
             seqs, self.tokenizer, sorted(self.eos_ids), inputs["attention_mask"], self.model.config.vocab_size, failures
         )
@@ -171,7 +190,11 @@ class Runner:
         )
         if self.compile_config is not None:
             config.compile_config = self.compile_config
-        with PromptLogprobs(seqs, inputs, self.tokenizer, failures).hooked(self.model):  # read off the prefill
+        compiling = cache_len is not None and (len(seqs), cache_len) not in self._graphs and self.device == "cpu"
+        with (
+            torch._inductor.config.patch(CPU_OPTIONS) if compiling else contextlib.nullcontext(),
+            PromptLogprobs(seqs, inputs, self.tokenizer, failures).hooked(self.model),  # read off the prefill
+        ):
             self.model.generate(
                 **inputs,
                 generation_config=config,
@@ -180,19 +203,35 @@ class Runner:
                 streamer=rows,
                 **extra,
             )
-        if cache_len is not None:  # compiled: this cache length's graph exists now
-            self._graphs.add(cache_len)
+        if cache_len is not None:  # compiled: this width and cache length's graph exists now
+            self._graphs.add((len(seqs), cache_len))
         return [rows.finish(row) for row in range(real)]
 
     def _static_shapes(self, seqs: list[Sequence], inputs: dict[str, torch.Tensor]):
-        """A compiled round's fixed shapes, so that one graph per cache length serves every round:
-        a short round is padded to `max_batch` rows with throwaway copies of its first row (one
-        token each, never returned); returns them with the static cache's length (a `cache_bucket`)."""
-        fill = self.max_batch - len(seqs)
+        """A compiled round's fixed shapes, so that one graph per width and cache length serves
+        every round: a round of 2 or more is padded to `max_batch` rows (graph_width) with throwaway
+        copies of its first row (one token each, never returned); returns them with the static
+        cache's length (a `cache_bucket`)."""
+        fill = graph_width(len(seqs), self.max_batch) - len(seqs)
         if fill > 0:
             seqs = seqs + [Sequence(seqs[0].prompt, SamplingParams(max_tokens=1)) for _ in range(fill)]
             inputs = {k: torch.cat([v, v[:1].expand(fill, -1)]) for k, v in inputs.items()}
         length = self._cache_len(inputs["input_ids"].shape[1] + max(s.params.max_tokens for s in seqs))
-        if length not in self._graphs:
-            log.info("static engine: compiling the decode step for a %d-token cache", length)
+        if (len(seqs), length) not in self._graphs:
+            log.info("static engine: compiling the decode step for %d row(s), a %d-token cache", len(seqs), length)
         return seqs, inputs, length
+
+    def _static_cache(self, rows: int, length: int) -> StaticCache:
+        """The round's KV cache, made before the prefill. On a CPU its tensors are not marked as
+        static addresses, as transformers marks them for CUDA graphs: freezing (CPU_OPTIONS) takes
+        a static input for a parameter and folds it into the graph as a constant, so that every
+        step would read the cache as it was at compile time (seen: an index out of bounds)."""
+        config = self.model.config
+        cache = StaticCache(config=config, max_cache_len=length)
+        if self.device == "cpu":
+            head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+            cache.early_initialization(rows, config.num_key_value_heads, head_dim, self.model.dtype, self.device)
+            for layer in cache.layers:
+                for tensor in (layer.keys, layer.values, layer.cumulative_length):
+                    del tensor._dynamo_static_input_type  # torch._dynamo.mark_static_address's mark
+        return cache

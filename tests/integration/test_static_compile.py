@@ -2,8 +2,9 @@
 
 The runner-level tests run twice, eager and compiled: per-row parameters, streaming and
 cancellation must hold either way, and the compiled runner must give the eager runner's tokens.
-The compiled runner is sized so that every round here fits one cache length (64) and is padded to
-one batch size (4): one graph, compiled once for the module (about 90 s on this CPU).
+The compiled runner is sized so that every round here fits one cache length (64): two graphs, one
+row and a round padded to the batch size (4), compiled once for the module (warm_up compiles both:
+about 4 minutes cold on the Intel Xeon of 2026-12-05, with CPU_OPTIONS' autotuning).
 """
 
 from __future__ import annotations
@@ -109,13 +110,26 @@ def test_a_cancelled_row_stops_while_the_others_run_to_their_end(runner):
 
 
 def test_a_short_round_is_padded_but_returns_only_its_own_rows(runner_fp32, compiled):
-    eager, fast = (
-        [Sequence(PROMPTS[0], SamplingParams(max_tokens=8))],
-        [Sequence(PROMPTS[0], SamplingParams(max_tokens=8))],
-    )
-    reasons = compiled.generate(fast, compiled.encode([PROMPTS[0]]))
-    assert len(reasons) == 1  # the padding rows are not returned
-    assert (fast[0].text, reasons[0]) == run(runner_fp32, eager)[0]
+    def rows():
+        return [Sequence(p, SamplingParams(max_tokens=8)) for p in PROMPTS[:2]]
+
+    eager, fast = rows(), rows()
+    reasons = compiled.generate(fast, compiled.encode(PROMPTS[:2]))
+    assert len(reasons) == 2  # the padding rows are not returned
+    assert [(seq.text, reason) for seq, reason in zip(fast, reasons, strict=True)] == run(runner_fp32, eager)
+
+
+def test_one_prompt_runs_its_own_graph_and_a_round_of_two_or_more_the_padded_one(compiled):
+    """warm_up compiled both widths (graph_width): neither a lone prompt nor a round of three
+    compiles anything new."""
+    from torch._dynamo.utils import counters
+
+    graphs = counters["stats"]["unique_graphs"]
+    for prompts in (PROMPTS[:1], PROMPTS[:3]):
+        assert not compiled.needs_compile(compiled.encode(prompts), 8)
+        run(compiled, [Sequence(p, SamplingParams(max_tokens=8)) for p in prompts])
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert {width for width, _ in compiled._graphs} == {1, 4}
 
 
 def test_prompt_logprobs_come_from_the_eager_prefill_and_compile_nothing_new(runner_fp32, compiled):
