@@ -52,8 +52,9 @@ def set_torch_threads(n: int) -> None:
 # folds the weights into the graph as constants, so that max_autotune's C++ GEMM template packs
 # them once and picks its own micro-kernel for a step's few rows (faster than aten's linears at one
 # row); cpp_wrapper calls the step's kernels from C++, without Python between them. Set around the
-# round that compiles (Runner.generate), not as torch.compile's options: Dynamo reads `freezing`
-# from the global config while it traces, and without it leaves the weights as graph inputs.
+# round that compiles (Runner.generate; the worker holds fence.model_work then, so vLLM compiles
+# nothing under them), not as torch.compile's options: Dynamo reads `freezing` from the global
+# config while it traces, and without it leaves the weights as graph inputs.
 CPU_OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN", "cpp_wrapper": True}
 
 
