@@ -3,8 +3,8 @@
 The runner-level tests run twice, eager and compiled: per-row parameters, streaming and
 cancellation must hold either way, and the compiled runner must give the eager runner's tokens.
 The compiled runner is sized so that every round here fits one cache length (64): two graphs, one
-row and a round padded to the batch size (4), compiled once for the module (warm_up compiles both:
-about 4 minutes cold on the Intel Xeon of 2026-12-05, with CPU_OPTIONS' autotuning).
+row and a round padded to the batch size (4), compiled once for the module by warm_up (its cost:
+docs/testing.md).
 """
 
 from __future__ import annotations
