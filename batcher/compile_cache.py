@@ -14,6 +14,12 @@ log = logging.getLogger(__name__)
 DEFAULT_COMPILE_CACHE_DIR = ".cache/compile"  # COMPILE_CACHE_DIR's default (service/config.py reads it here)
 
 
+def kernel_dir(compile_cache_dir: str) -> str:
+    """Where our own kernels (batcher/static/blocks.py) are built and loaded from: under the
+    compile cache, beside Inductor's and vLLM's ("" is torch's default there, ours here)."""
+    return os.path.join(compile_cache_dir or DEFAULT_COMPILE_CACHE_DIR, "kernels")
+
+
 def use_compile_cache(folder: str, device: str) -> dict[str, str]:
     """Point the caches at `folder` (made absolute; "" leaves torch's and vLLM's defaults).
     Returns what was set."""
