@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from batcher.profile import choose, prior, store
+from batcher.settings import BLOCKS
 
 
 @dataclass(frozen=True)
@@ -37,13 +38,18 @@ def switch(value: str) -> bool | None:
     return None if value == "auto" else value == "1"
 
 
-def pick(engine: str, dtype: str, eager: bool | None, device: str, model_path: str, profile_dir: str) -> Picked:
+def pick(
+    engine: str, dtype: str, eager: bool | None, device: str, model_path: str, profile_dir: str, dense_only=False
+) -> Picked:
     """`engine`'s dtype and decoding on `device`: DTYPE ("auto" or a name) and its eager knob
-    (None: auto) as set; every auto from this machine's profile under `profile_dir`."""
+    (None: auto) as set; every auto from this machine's profile under `profile_dir`; `dense_only`
+    (STATIC_WEIGHTS=dense): no row that reads the GGUF's blocks."""
     if device.startswith("cuda"):
         gpu_dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
         picked = (gpu_dtype if dtype == "auto" else dtype, False if eager is None else eager)
         return Picked(*picked, "GPU: bf16 where supported, else fp16; compiled (GPUs are not profiled)")
     profile = store.load(store.machine_key(model_path), profile_dir) if os.path.isdir(model_path) else None
+    if profile is not None and dense_only:
+        profile = {**profile, "rows": [row for row in profile["rows"] if row["dtype"] != BLOCKS]}
     dtype, eager, reason = choose.resolve(profile, engine, dtype, eager)
     return Picked(dtype, eager, reason, prior.step_seconds(profile, engine, dtype, eager))

@@ -10,12 +10,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from batcher.compile_cache import kernel_dir
+
+# The static engine's dtype that reads the GGUF's own blocks (Q4_0, Q4_1, Q8_0) with fp32
+# activations and arithmetic (batcher/static/blocks.py); a dtype of the profile's rows too
+BLOCKS = "blocks"
+
 
 @dataclass(frozen=True)
 class StaticSettings:
     model_path: str  # what from_pretrained loads
     device: str  # cpu | cuda (DEVICE resolved)
-    dtype: str  # bfloat16 | float16 | float32 (DTYPE resolved on `device`)
+    dtype: str  # bfloat16 | float16 | float32 | blocks (DTYPE and STATIC_WEIGHTS resolved on `device`)
     compile: bool  # STATIC_COMPILE resolved: a compiled decode step over a static KV cache
     reason: str  # why dtype and compile are what they are (batcher/device.py: the profile's row)
     batch_size: int  # also the compiled rounds' fixed batch
@@ -28,6 +34,8 @@ class StaticSettings:
     # (width, seconds a token) the machine profile measured for this dtype and decoding: the cost
     # model's prior (batcher/width_clock.py); () without a profile
     profile_step_s: tuple[tuple[int, float], ...] = ()
+    # where the blocks' kernels are built (once per machine, torch and source) and loaded from
+    kernel_dir: str = kernel_dir("")
 
     def shown(self) -> dict:
         """What /health shows: the resolved choices, not the paths or sizes."""

@@ -10,9 +10,9 @@ from pydantic import ConfigDict, Field, ValidationError
 from pydantic.dataclasses import dataclass
 
 from batcher.checkpoint import CHECKPOINT_NAME, DEFAULT_CACHE_DIR, DEFAULT_MODEL
-from batcher.compile_cache import DEFAULT_COMPILE_CACHE_DIR
+from batcher.compile_cache import DEFAULT_COMPILE_CACHE_DIR, kernel_dir
 from batcher.profile.store import DEFAULT_PROFILE_DIR
-from batcher.settings import StaticSettings, VLLMSettings
+from batcher.settings import BLOCKS, StaticSettings, VLLMSettings
 
 # VLLMSettings fields that are the Config field `vllm_<name>` as it is
 VLLM_AS_SET = "max_num_seqs max_model_len kv_cache_gib gpu_memory_utilization max_inbox tensor_parallel_size".split()
@@ -83,6 +83,9 @@ class Config:
     torch_threads: Annotated[int, between(0, 4096)] = 0  # 0: every core the process may use
     # auto: from the profile on a CPU (fp32 eager without one); compiled on a GPU
     static_compile: str = "auto"  # auto | 0 | 1
+    # blocks: the static engine reads the GGUF's own quantized blocks in fp32 (eager, CPU; a model
+    # converted from a GGUF); dense: DTYPE's weights; auto: the profile's faithful-then-fastest row
+    static_weights: str = "auto"  # auto | dense | blocks
     # continuous batching (vLLM)
     vllm_enabled: bool = True
     vllm_max_num_seqs: Annotated[int, between(1, 65536)] = 64
@@ -124,6 +127,10 @@ class Config:
             raise SettingError(f"DTYPE must be auto, bfloat16, float16 or float32, got {self.dtype!r}")
         if self.static_compile not in ("auto", "0", "1"):
             raise SettingError(f"STATIC_COMPILE must be auto, 0 or 1, got {self.static_compile!r}")
+        if self.static_weights not in ("auto", "dense", "blocks"):
+            raise SettingError(f"STATIC_WEIGHTS must be auto, dense or blocks, got {self.static_weights!r}")
+        if self.static_weights == "blocks" and (self.static_compile == "1" or self.dtype not in ("auto", "float32")):
+            raise SettingError("STATIC_WEIGHTS=blocks computes in fp32, eager: DTYPE auto or float32, STATIC_COMPILE 0")
         if self.vllm_enforce_eager not in ("auto", "0", "1"):
             raise SettingError(f"VLLM_ENFORCE_EAGER must be auto, 0 or 1, got {self.vllm_enforce_eager!r}")
         if self.chat_template and not os.path.isfile(self.chat_template):
@@ -138,6 +145,8 @@ class Config:
             return self.served_model_name
         if self.model == DEFAULT_MODEL:
             return CHECKPOINT_NAME
+        if self.model.endswith(".gguf"):  # a GGUF file: its name, as llama.cpp's server calls it
+            return os.path.basename(self.model).removesuffix(".gguf")
         return os.path.basename(os.path.normpath(self.model)) if os.path.isdir(self.model) else self.model
 
     @property
@@ -170,7 +179,9 @@ class Config:
         device = pick_device(self.device)
         compiles = switch(self.static_compile)
         eager = None if compiles is None else not compiles
-        picked = pick("static", self.dtype, eager, device, model_path, self.profile_dir)
+        dtype, eager = (BLOCKS, True) if self.static_weights == "blocks" else (self.dtype, eager)
+        dense = self.static_weights == "dense"
+        picked = pick("static", dtype, eager, device, model_path, self.profile_dir, dense_only=dense)
         return StaticSettings(
             model_path=model_path,
             device=device,
@@ -185,6 +196,7 @@ class Config:
             torch_threads=self.torch_threads,
             stall_s=self.engine_stall_s,
             profile_step_s=picked.step_s,
+            kernel_dir=kernel_dir(self.compile_cache_dir),
         )
 
     def vllm_engine(self, model_path: str) -> VLLMSettings:

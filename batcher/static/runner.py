@@ -27,9 +27,11 @@ from transformers import (
     StoppingCriteriaList,
 )
 
+from batcher.checkpoint import gguf_source
 from batcher.sampling import SamplingParams
 from batcher.sequence import Prompt, Sequence
-from batcher.settings import StaticSettings
+from batcher.settings import BLOCKS, StaticSettings
+from batcher.static import blocks, gguf_blocks
 from batcher.static import processors as per_row
 from batcher.static.isolation import RowFailures
 from batcher.static.linear import half_weights, pack_linears, packs
@@ -87,7 +89,9 @@ class Runner:
     def __init__(self, settings: StaticSettings):
         self.settings = settings
         self.device = settings.device
-        self.dtype = getattr(torch, settings.dtype)
+        # "blocks": the GGUF's own blocks read by fp32 kernels (batcher/static/blocks.py); fp32 otherwise
+        self.blocks = settings.dtype == BLOCKS
+        self.dtype = torch.float32 if self.blocks else getattr(torch, settings.dtype)
         self.max_input_tokens = settings.max_input_tokens
         self.compile_config = compile_config(self.device) if settings.compile else None
         self.max_batch = settings.batch_size
@@ -109,8 +113,11 @@ class Runner:
         loaded = torch.float32 if half else self.dtype
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=loaded).to(self.device).eval()
         linears = ""
+        if self.blocks:  # before the packing below, which takes the linears left dense
+            linears = self._attach_blocks(model_path)
         if eager_on_cpu:  # batcher/static/linear.py
-            linears = (half_weights if half else pack_linears)(self.model, self.max_batch)
+            packed = (half_weights if half else pack_linears)(self.model, self.max_batch)
+            linears = "; ".join(filter(None, [linears, packed]))
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
         log.info(
@@ -121,6 +128,15 @@ class Runner:
             "compiled (static cache)" if self.compile_config else "eager",
             f", {linears}" if linears else "",
         )
+
+    def _attach_blocks(self, model_path: str) -> str:
+        if self.device != "cpu" or self.compile_config is not None:
+            raise ValueError("the GGUF's blocks are read by CPU kernels, eager: DEVICE=cpu and STATIC_COMPILE=0")
+        source = gguf_source(model_path)
+        if source is None:
+            raise ValueError(f"{model_path} was not converted from a GGUF file: it has no blocks to read")
+        blocks.use_kernels(blocks.build(self.settings.kernel_dir))  # built by `make setup`: loaded in a second
+        return gguf_blocks.attach(self.model, source)
 
     @property
     def compiles(self) -> bool:
