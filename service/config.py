@@ -13,6 +13,7 @@ from batcher.checkpoint import CHECKPOINT_NAME, DEFAULT_CACHE_DIR, DEFAULT_MODEL
 from batcher.compile_cache import DEFAULT_COMPILE_CACHE_DIR, kernel_dir
 from batcher.profile.store import DEFAULT_PROFILE_DIR
 from batcher.settings import BLOCKS, StaticSettings, VLLMSettings
+from service.setting_words import worded
 
 # VLLMSettings fields that are the Config field `vllm_<name>` as it is
 VLLM_AS_SET = "max_num_seqs max_model_len kv_cache_gib gpu_memory_utilization max_inbox tensor_parallel_size".split()
@@ -30,11 +31,18 @@ class SettingError(ValueError):
 
 # A numeric setting's range, declared once beside its field: the start-up check reads it, and the
 # Knobs table of docs/operations.md shows it (tests/unit/test_settings.py keeps the two equal).
-# pydantic does the checking (finite, in range, a number at all); `range_text` words it.
+# pydantic does the checking (finite, in range, a number at all); service/setting_words.py words it.
 def between(low: float | None = None, high: float | None = None, *, above: float | None = None):
     return Field(ge=low, le=high, gt=above)
 
 
+# The settings that name one of a few values: what each may be (`auto` resolves from the profile)
+CHOICES = {
+    "dtype": ("auto", "bfloat16", "float16", "float32"),
+    "static_compile": ("auto", "0", "1"),
+    "static_weights": ("auto", "dense", "blocks"),
+    "vllm_enforce_eager": ("auto", "0", "1"),
+}
 # Ranges keep out what cannot work (0 threads, a negative timeout, NaN), not what is unusual.
 DAY_S = 86400  # bounds the timeouts: a longer one is a typo, not a plan
 FORM_ROOM = 64 * 1024  # what a multipart upload holds besides its file: boundaries, part headers
@@ -123,16 +131,12 @@ class Config:
             raise SettingError(
                 f"MAX_INFLIGHT_REQUESTS must lie in 1..THREADS - 1, got {self.inflight_limit} (THREADS {self.threads})"
             )
-        if self.dtype not in ("auto", "bfloat16", "float16", "float32"):
-            raise SettingError(f"DTYPE must be auto, bfloat16, float16 or float32, got {self.dtype!r}")
-        if self.static_compile not in ("auto", "0", "1"):
-            raise SettingError(f"STATIC_COMPILE must be auto, 0 or 1, got {self.static_compile!r}")
-        if self.static_weights not in ("auto", "dense", "blocks"):
-            raise SettingError(f"STATIC_WEIGHTS must be auto, dense or blocks, got {self.static_weights!r}")
+        for name, allowed in CHOICES.items():
+            if getattr(self, name) not in allowed:
+                words = f"{', '.join(allowed[:-1])} or {allowed[-1]}"
+                raise SettingError(f"{name.upper()} must be {words}, got {getattr(self, name)!r}")
         if self.static_weights == "blocks" and (self.static_compile == "1" or self.dtype not in ("auto", "float32")):
             raise SettingError("STATIC_WEIGHTS=blocks computes in fp32, eager: DTYPE auto or float32, STATIC_COMPILE 0")
-        if self.vllm_enforce_eager not in ("auto", "0", "1"):
-            raise SettingError(f"VLLM_ENFORCE_EAGER must be auto, 0 or 1, got {self.vllm_enforce_eager!r}")
         if self.chat_template and not os.path.isfile(self.chat_template):
             raise SettingError(f"CHAT_TEMPLATE must be a file, got {self.chat_template!r}")
         if self.max_input_tokens + self.max_new_tokens_limit > self.vllm_max_model_len:
@@ -231,32 +235,4 @@ class Config:
         try:
             return cls(**values)
         except ValidationError as exc:
-            raise SettingError("; ".join(_worded(error) for error in exc.errors())) from None
-
-
-def range_text(name: str) -> str:
-    """A field's range as the start-up check and the docs' Knobs table word it: `1..256`,
-    `> 0, <= 86400`; "" for a field with none."""
-    bounds = {}
-    for item in Config.__pydantic_fields__[name].metadata:
-        for key in ("ge", "gt", "le"):
-            if getattr(item, key, None) is not None:
-                bounds[key] = getattr(item, key)
-    text = {key: f"{value:g}" if isinstance(value, float) else str(value) for key, value in bounds.items()}
-    if "ge" in text and "le" in text:
-        return f"{text['ge']}..{text['le']}"
-    words = {"ge": ">=", "gt": ">", "le": "<="}
-    return ", ".join(f"{words[key]} {value}" for key, value in text.items())
-
-
-def _worded(error: dict) -> str:
-    """One pydantic error as one line: `REQUEST_TIMEOUT_S must be a finite number in > 0, <= 86400, got 'nan'`."""
-    if not error["loc"]:  # __post_init__'s own rules raise SettingError, already worded
-        return str(error.get("ctx", {}).get("error", error["msg"]))
-    name = str(error["loc"][0])
-    kind = {"int": "a whole number", "float": "a finite number", "bool": "a flag (1/0, true/false, yes/no, on/off)"}
-    field_type = str(Config.__pydantic_fields__[name].annotation)
-    what = next((words for key, words in kind.items() if key in field_type), "a string")
-    span = range_text(name)
-    span = f" in {span}" if ".." in span else f" ({span})" if span else ""
-    return f"{name.upper()} must be {what}{span}, got {error['input']!r}"
+            raise SettingError("; ".join(worded(cls, error) for error in exc.errors())) from None

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from service.config import Config, SettingError, range_text
+from service.config import Config, SettingError
+from service.setting_words import range_text
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -112,7 +113,7 @@ def knobs_table() -> dict[str, str]:
 def test_the_docs_show_the_ranges_the_check_holds():
     table = knobs_table()
     for f in fields(Config):
-        name, span = f.name.upper(), range_text(f.name)
+        name, span = f.name.upper(), range_text(Config, f.name)
         assert name in table, f"{name} is missing from docs/operations.md's Knobs table"
         if span:
             assert table[name] == f"`{span}`", f"{name}: the docs say {table[name]!r}, the check holds {span!r}"
