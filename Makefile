@@ -20,9 +20,9 @@ REPLICAS ?= 2
 CLUSTER_DIR ?= .cache/cluster/$(PORT)
 SERVE_DIR ?= .cache/serve/$(PORT)
 
-.PHONY: setup serve test check bench lint model profile cluster rolling-restart browser
+.PHONY: setup serve test check bench lint model kernels profile cluster rolling-restart browser
 
-setup: $(STAMP) model profile browser
+setup: $(STAMP) model kernels profile browser
 
 # Reinstalls only when a requirements file changed: a second `make setup` takes seconds.
 $(STAMP): requirements.txt requirements-$(ACCEL).txt requirements-dev.txt
@@ -71,6 +71,12 @@ browser:
 model: $(STAMP)
 	CACHE_DIR=$(CACHE_DIR) MODEL=$(MODEL) $(PY) -m batcher.checkpoint
 
+# The static engine's block kernels (batcher/static/blocks.py: the GGUF's own Q4_1 / Q4_0 / Q8_0
+# blocks read in fp32), compiled once per machine, torch and source under COMPILE_CACHE_DIR
+# (about a minute; seconds when already built); where no compiler can build them, the torch fallback.
+kernels: $(STAMP)
+	$(PY) -m batcher.static.blocks
+
 # This machine's profile (batcher/profile), measured once per machine key within PROFILE_BUDGET
 # seconds (200: sized to fit every eager row and each engine's best compiled one, see
 # docs/performance.md#the-machine-profile-faithful-first-then-fastest; each candidate gets at most 40% of it):
@@ -86,7 +92,7 @@ PROFILE_BUDGET ?= 200
 PROFILE_FINISH ?= background
 PROFILE_ENV = CACHE_DIR=$(CACHE_DIR) MODEL=$(MODEL) LD_PRELOAD=$(PRELOAD)
 PROFILE_WAIT = $(PROFILE_ENV) $(PY) -m batcher.profile --wait
-profile: model
+profile: model kernels
 	$(PROFILE_ENV) $(PY) -m batcher.profile --if-missing --budget $(PROFILE_BUDGET) \
 	  $(if $(filter background,$(PROFILE_FINISH)),--finish-in-background) $(PROFILE_ARGS)
 
@@ -96,7 +102,7 @@ profile: model
 # Without the profile: where this machine has none yet, deploy/cluster.py serves at once with the
 # defaults and measures it beside (deploy/first_profile.py, PROFILE_BUDGET and PROFILE_FINISH as
 # below), then switches to its choices.
-serve: model
+serve: model kernels
 	$(PROFILE_WAIT)
 	HOST=$(HOST) PORT=$(PORT) CLUSTER_DIR=$(SERVE_DIR) MODEL=$(MODEL) CACHE_DIR=$(CACHE_DIR) \
 	  ACCEL=$(ACCEL) REPLICA_PRELOAD=$(PRELOAD) PROFILE_BUDGET=$(PROFILE_BUDGET) PROFILE_FINISH=$(PROFILE_FINISH) \

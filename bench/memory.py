@@ -15,11 +15,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-# env on top of ours, per row: the defaults, the KV cache's former default, the weights in fp32
+# env on top of ours, per row: the defaults, the KV cache's former default, the weights in fp32, the blocks
 FORMS = {
     "the service's settings": {},
     "VLLM_KV_CACHE_GIB=1": {"VLLM_KV_CACHE_GIB": "1"},
     "DTYPE=float32": {"DTYPE": "float32"},
+    "STATIC_WEIGHTS=blocks": {"STATIC_WEIGHTS": "blocks"},  # the GGUF's blocks instead of dense fp32 linears
 }
 CHAT = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 20,
         "temperature": 0}  # fmt: skip

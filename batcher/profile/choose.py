@@ -17,7 +17,7 @@ from batcher.profile.fidelity import MIN_PREFIX  # the mean agreeing prefix with
 # fp16 can lose what it won at one prompt (docs/performance.md, "Which workload the rule stands for").
 WEIGHTS = {"1": 0.6, "4": 0.3, "64": 0.1}
 NEAR = 1.05  # candidates within 5% of the best score: the one that starts soonest wins
-SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "blocks": "GGUF blocks"}
 FALLBACK = ("float32", True)  # no profile, no faithful row: slow is acceptable, unfaithful is not
 
 

@@ -30,8 +30,9 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from batcher.compile_cache import kernel_dir
 from batcher.profile import choose, fidelity, session, store
-from batcher.settings import StaticSettings, VLLMSettings
+from batcher.settings import BLOCKS, StaticSettings, VLLMSettings
 
 DTYPES = ("float32", "float16", "bfloat16")
 SIZES = {"static": (1, 4), "vllm": (1, 4, 64)}
@@ -56,9 +57,12 @@ def templates(model_path: str) -> tuple[StaticSettings, VLLMSettings]:
 
 
 def candidates() -> list[tuple[str, str, bool]]:
-    """(engine, dtype, eager), every one the profile may measure; the first is the reference."""
+    """(engine, dtype, eager), every one the profile may measure; the first is the reference.
+    The static engine's GGUF blocks (eager only) come right after the fp32 rows: they are fp32's
+    answers (the reference *is* the blocks, dequantized) at a third of fp16's bytes."""
     order = [(dtype, True) for dtype in DTYPES] + [(dtype, False) for dtype in DTYPES]
-    return [(engine, dtype, eager) for dtype, eager in order for engine in ("static", "vllm")]
+    listed = [(engine, dtype, eager) for dtype, eager in order for engine in ("static", "vllm")]
+    return listed[:2] + [("static", BLOCKS, True)] + listed[2:]
 
 
 def next_candidate(todo: list[tuple[str, str, bool]], rows: list[dict]) -> tuple[str, str, bool]:
@@ -115,6 +119,8 @@ def spec_for(candidate: tuple[str, str, bool], base, texts: list[str], reference
     """What the child runs for `candidate`: `base` (its engine's settings) varied in dtype and decoding."""
     engine, dtype, eager = candidate
     fast = {"compile": not eager} if engine == "static" else {"enforce_eager": eager}
+    if engine == "static" and how.get("cache"):  # the block kernels are built under the compile cache
+        fast["kernel_dir"] = kernel_dir(how["cache"])
     settings = dataclasses.replace(base, dtype=dtype, reason="profile candidate", **fast)
     chunk = settings.batch_size if engine == "static" else ALL_AT_ONCE
     widths = [1, settings.batch_size] if engine == "static" else [chunk]

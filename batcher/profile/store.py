@@ -15,6 +15,8 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
+from batcher.settings import BLOCKS
+
 DEFAULT_PROFILE_DIR = ".cache/profile"  # PROFILE_DIR's default (service/config.py reads it here)
 
 
@@ -49,6 +51,7 @@ def machine_key(model_path: str, cpu: dict | None = None) -> dict:
         "cpu": cpu if cpu is not None else cpu_info(),
         "torch": _version("torch"),
         "vllm": _version("vllm"),
+        "static_forms": [BLOCKS],  # beyond the dtypes: a profile from before a form was added measures again
         "model": {
             "path": os.path.abspath(model_path),
             "bytes": stat and stat.st_size,

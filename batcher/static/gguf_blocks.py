@@ -91,6 +91,19 @@ def _field(reader, key: str):
     return None if field is None else field.contents()
 
 
+def use_blocks(model: torch.nn.Module, model_path: str, kernel_dir: str) -> str:
+    """`attach` the blocks of the GGUF that `model_path` was converted from, the kernels loaded
+    from `kernel_dir` (built there by `make setup`: a second; else built now, or the fallback)."""
+    from batcher.checkpoint import gguf_source
+    from batcher.static import blocks
+
+    source = gguf_source(model_path)
+    if source is None:
+        raise ValueError(f"{model_path} was not converted from a GGUF file: it has no blocks to read")
+    blocks.use_kernels(blocks.build(kernel_dir))
+    return attach(model, source)
+
+
 def attach(model: torch.nn.Module, path: str | Path) -> str:
     """Make every linear of `model` (fp32, loaded from the checkpoint converted from the GGUF at
     `path`) whose blocks the file holds read those blocks (batcher/static/blocks.py's

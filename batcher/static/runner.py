@@ -27,11 +27,10 @@ from transformers import (
     StoppingCriteriaList,
 )
 
-from batcher.checkpoint import gguf_source
 from batcher.sampling import SamplingParams
 from batcher.sequence import Prompt, Sequence
 from batcher.settings import BLOCKS, StaticSettings
-from batcher.static import blocks, gguf_blocks
+from batcher.static import gguf_blocks
 from batcher.static import processors as per_row
 from batcher.static.isolation import RowFailures
 from batcher.static.linear import half_weights, pack_linears, packs
@@ -114,7 +113,9 @@ class Runner:
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=loaded).to(self.device).eval()
         linears = ""
         if self.blocks:  # before the packing below, which takes the linears left dense
-            linears = self._attach_blocks(model_path)
+            if not eager_on_cpu:
+                raise ValueError("the GGUF's blocks are read by CPU kernels, eager: DEVICE=cpu, STATIC_COMPILE=0")
+            linears = gguf_blocks.use_blocks(self.model, model_path, settings.kernel_dir)
         if eager_on_cpu:  # batcher/static/linear.py
             packed = (half_weights if half else pack_linears)(self.model, self.max_batch)
             linears = "; ".join(filter(None, [linears, packed]))
@@ -128,15 +129,6 @@ class Runner:
             "compiled (static cache)" if self.compile_config else "eager",
             f", {linears}" if linears else "",
         )
-
-    def _attach_blocks(self, model_path: str) -> str:
-        if self.device != "cpu" or self.compile_config is not None:
-            raise ValueError("the GGUF's blocks are read by CPU kernels, eager: DEVICE=cpu and STATIC_COMPILE=0")
-        source = gguf_source(model_path)
-        if source is None:
-            raise ValueError(f"{model_path} was not converted from a GGUF file: it has no blocks to read")
-        blocks.use_kernels(blocks.build(self.settings.kernel_dir))  # built by `make setup`: loaded in a second
-        return gguf_blocks.attach(self.model, source)
 
     @property
     def compiles(self) -> bool:
