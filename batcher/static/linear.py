@@ -75,7 +75,7 @@ def pack_linears(model: torch.nn.Module, rows: int) -> str:
         log.info("static engine: oneDNN cannot pack %s weights here (%s); linears stay plain", dtype, why)
         return ""
     count = _replace_linears(model, lambda linear: PackedLinear(linear.weight, linear.bias, rows))
-    return f"{count} linears packed for oneDNN"
+    return f"{count} linears packed for oneDNN" if count else ""  # none left: all read as blocks
 
 
 def half_weights(model: torch.nn.Module, rows: int) -> str:
