@@ -1,17 +1,14 @@
 """The block kernels (batcher/static/kernels/blocks.cpp) and their torch fallback against the
 dequantized matrix in float64, on random blocks: every kind, every vector path this CPU runs, one
-row to a prefill's many. torch is imported by a module fixture, not at the top (collecting the unit
-tier imports no model library); the kernels build once under the compile cache, as `make setup`
-builds them (a minute the first time, then seconds), and the tests skip, saying why, where they
-cannot build."""
+row to a prefill's many. No model, but torch: the integration tier (the unit tier loads no model
+library). The kernels build once under the compile cache, as `make setup` builds them (a minute
+the first time, then seconds), and the tests skip, saying why, where they cannot build."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-
-pytestmark = pytest.mark.unit  # no model, no server: `make check` runs it
 
 ROOT = Path(__file__).resolve().parents[2]
 KINDS = ("q4_1", "q4_0", "q8_0")
