@@ -74,6 +74,7 @@ model: $(STAMP)
 # The static engine's block kernels (batcher/static/blocks.py: the GGUF's own Q4_1 / Q4_0 / Q8_0
 # blocks read in fp32), compiled once per machine, torch and source under COMPILE_CACHE_DIR
 # (about a minute; seconds when already built); where no compiler can build them, the torch fallback.
+# make serve leaves them to the profile it measures after its first answer (deploy/first_profile.py).
 kernels: $(STAMP)
 	$(PY) -m batcher.static.blocks
 
@@ -102,7 +103,7 @@ profile: model kernels
 # Without the profile: where this machine has none yet, deploy/cluster.py serves at once with the
 # defaults and measures it beside (deploy/first_profile.py, PROFILE_BUDGET and PROFILE_FINISH as
 # below), then switches to its choices.
-serve: model kernels
+serve: model
 	$(PROFILE_WAIT)
 	HOST=$(HOST) PORT=$(PORT) CLUSTER_DIR=$(SERVE_DIR) MODEL=$(MODEL) CACHE_DIR=$(CACHE_DIR) \
 	  ACCEL=$(ACCEL) REPLICA_PRELOAD=$(PRELOAD) PROFILE_BUDGET=$(PROFILE_BUDGET) PROFILE_FINISH=$(PROFILE_FINISH) \

@@ -79,11 +79,16 @@ def switch(s: Settings) -> None:
     (_, first), (_, second) = s.replica_at(1), s.replica_at(2)
     wait_settled(first, s.replica_ports[0])
     say("replica1 serves with the defaults; measuring this machine's profile beside it")
-    steps = [["--if-missing", "--budget", os.environ.get("PROFILE_BUDGET", "200")]]
+    # the block kernels first (`make setup`'s step; a minute once): built inside a candidate, they
+    # would spend its cap
+    steps = [
+        ["batcher.static.blocks"],
+        ["batcher.profile", "--if-missing", "--budget", os.environ.get("PROFILE_BUDGET", "200")],
+    ]
     if os.environ.get("PROFILE_FINISH", "background") != "0":
-        steps.append(["--finish"])  # the rows the budget cut short, as `make setup`'s background run
+        steps.append(["batcher.profile", "--finish"])  # the rows the budget cut short, as `make setup`'s background run
     for args in steps:
-        subprocess.run([sys.executable, "-m", "batcher.profile", *args], cwd=ROOT, check=True)
+        subprocess.run([sys.executable, "-m", *args], cwd=ROOT, check=True)
     say("profile stored; starting replica2 with its choices")
     ctl("start", "replicas:replica2")
     wait_settled(second, s.replica_ports[1])
