@@ -39,7 +39,7 @@ RUNS = [(engine, tokenized) for engine in BASES for tokenized in (True, False)]
 # Xeon, 2026-12-02, static fp16 eager was at most 0.041 from transformers in fp32, vLLM fp16
 # compiled 0.020, the two engines 0.031. bf16 (8 bits) 8x fp16's, not measured: no profile has
 # found it faithful. The faults this catches cost nats (a dropped EOS record: 4.4).
-TOLERANCE = {"float32": 1e-3, "float16": 0.1, "bfloat16": 0.8}
+TOLERANCE = {"float32": 1e-3, "blocks": 1e-3, "float16": 0.1, "bfloat16": 0.8}  # blocks: fp32 arithmetic
 
 
 @pytest.fixture(scope="module")
