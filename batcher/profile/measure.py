@@ -30,6 +30,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from batcher.checkpoint import gguf_source
 from batcher.compile_cache import kernel_dir
 from batcher.profile import choose, fidelity, session, store
 from batcher.settings import BLOCKS, StaticSettings, VLLMSettings
@@ -79,11 +80,14 @@ def next_candidate(todo: list[tuple[str, str, bool]], rows: list[dict]) -> tuple
     return todo[0]
 
 
-def skipped(candidate: tuple[str, str, bool], rows: list[dict], left_s: float) -> str | None:
-    """Why `candidate` is not run, given the rows so far and the budget's seconds left; None: run it."""
+def skipped(candidate: tuple[str, str, bool], rows: list[dict], left_s: float, gguf: bool = True) -> str | None:
+    """Why `candidate` is not run, given the rows so far, the budget's seconds left and whether the
+    model came from a GGUF file (`gguf`: it has blocks to read); None: run it."""
     engine, dtype, eager = candidate
     if rows and rows[0].get("status") != "measured":
         return "not run: no reference"
+    if dtype == BLOCKS and not gguf:
+        return "not run: the model was not converted from a GGUF file (no blocks to read)"
     if not eager:  # compiling changes no answer here: its eager row's fidelity decides, not its speed
         mine = next((r for r in rows if (r["engine"], r["dtype"], r["eager"]) == (engine, dtype, True)), None)
         if mine is not None and not faithful_answers(mine):
@@ -166,7 +170,7 @@ def measure(model_path: str, log_path: Path, budget_s: float = BUDGET_S, only=No
             while todo:
                 candidate = next_candidate(todo, rows)
                 todo.remove(candidate)
-                why = skipped(candidate, rows, deadline - time.monotonic())
+                why = skipped(candidate, rows, deadline - time.monotonic(), gguf_source(model_path) is not None)
                 if why is None:
                     # an engine's first row (fp32 eager: the reference, and vLLM's fallback) runs
                     # to what is left, unprojected: without it that engine has nothing measured

@@ -305,3 +305,10 @@ def test_the_static_fidelity_chunks_run_in_turn_alone_and_as_one_round():
     done, _ = run({**spec(cap_s=600), "widths": [1, 4]}, fake)
     assert done["status"] == "measured"
     assert fake.sizes[:5] == [1, 4, 1, 4, 1]  # the five fidelity chunks, then the timed runs
+
+
+def test_the_blocks_row_is_not_run_for_a_model_with_no_gguf_behind_it():
+    ref = {"engine": "static", "dtype": "float32", "eager": True, "status": "measured", "prefix": 1.0, "france": True}
+    blocks = ("static", "blocks", True)
+    assert measure.skipped(blocks, [ref], 100, gguf=False).startswith("not run: the model was not converted from a GGUF")
+    assert measure.skipped(blocks, [ref], 100, gguf=True) is None
