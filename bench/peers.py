@@ -38,6 +38,7 @@ import requests
 from batcher.checkpoint import gguf_path
 from batcher.compile_cache import use_compile_cache
 from batcher.profile import child, fidelity
+from batcher.profile.choose import SHORT
 from bench import measure
 from deploy.server import ROOT, Server, free_port_run
 from service.config import Config
@@ -184,7 +185,7 @@ def servers(model_path: str, llama_server: Path | None, log_path: Path) -> Itera
 
 
 def _form(dtype: str, compiled: bool) -> str:
-    return f"fp{dtype.removeprefix('float')} {'compiled' if compiled else 'eager'}"
+    return f"{SHORT.get(dtype, dtype)} {'compiled' if compiled else 'eager'}"  # "fp16 compiled", "GGUF blocks eager"
 
 
 @contextlib.contextmanager
