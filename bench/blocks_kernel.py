@@ -51,13 +51,13 @@ def median_ms(one_pass: Callable[[], None]) -> float:
     return statistics.median(times)
 
 
-def columns(shapes, rows: int, kernels) -> dict[str, Callable[[], float]]:
+def columns(shapes, rows: int) -> dict[str, Callable[[], float]]:
     """Each way of reading the step's weights: a function that builds its weights, times the
     passes and frees them (one form in memory at a time: fp32 alone is 0.5 GB)."""
     xs = {k: torch.randn(rows, k) for k in {k for _, _, k in shapes}}
 
     def kernel() -> float:
-        ws = [(getattr(kernels, f"{kind}_linear"), random_blocks(kind, n, k), n, k) for kind, n, k in shapes]
+        ws = [(blocks.op(kind), random_blocks(kind, n, k), n, k) for kind, n, k in shapes]
         return median_ms(lambda: [fn(xs[k], w, n, k) for fn, w, n, k in ws])
 
     def dense(dtype: torch.dtype) -> float:
@@ -90,7 +90,7 @@ def main() -> None:
     with torch.inference_mode():
         for rows in ROWS:
             cells = []
-            for name, timed in columns(shapes, rows, kernels).items():
+            for name, timed in columns(shapes, rows).items():
                 if name == COLUMNS[0] and kernels is None:
                     cells.append("not built")
                     continue

@@ -91,7 +91,7 @@ class Config:
     torch_threads: Annotated[int, between(0, 4096)] = 0  # 0: every core the process may use
     # auto: from the profile on a CPU (fp32 eager without one); compiled on a GPU
     static_compile: str = "auto"  # auto | 0 | 1
-    # blocks: the static engine reads the GGUF's own quantized blocks in fp32 (eager, CPU; a model
+    # blocks: the static engine reads the GGUF's own quantized blocks in fp32 (CPU; a model
     # converted from a GGUF); dense: DTYPE's weights; auto: the profile's faithful-then-fastest row
     static_weights: str = "auto"  # auto | dense | blocks
     # continuous batching (vLLM)
@@ -135,8 +135,8 @@ class Config:
             if getattr(self, name) not in allowed:
                 words = f"{', '.join(allowed[:-1])} or {allowed[-1]}"
                 raise SettingError(f"{name.upper()} must be {words}, got {getattr(self, name)!r}")
-        if self.static_weights == "blocks" and (self.static_compile == "1" or self.dtype not in ("auto", "float32")):
-            raise SettingError("STATIC_WEIGHTS=blocks computes in fp32, eager: DTYPE auto or float32, STATIC_COMPILE 0")
+        if self.static_weights == "blocks" and self.dtype not in ("auto", "float32"):
+            raise SettingError("STATIC_WEIGHTS=blocks computes in fp32: DTYPE auto or float32")
         if self.chat_template and not os.path.isfile(self.chat_template):
             raise SettingError(f"CHAT_TEMPLATE must be a file, got {self.chat_template!r}")
         if self.max_input_tokens + self.max_new_tokens_limit > self.vllm_max_model_len:
@@ -183,7 +183,7 @@ class Config:
         device = pick_device(self.device)
         compiles = switch(self.static_compile)
         eager = None if compiles is None else not compiles
-        dtype, eager = (BLOCKS, True) if self.static_weights == "blocks" else (self.dtype, eager)
+        dtype = BLOCKS if self.static_weights == "blocks" else self.dtype
         dense = self.static_weights == "dense"
         picked = pick("static", dtype, eager, device, model_path, self.profile_dir, dense_only=dense)
         return StaticSettings(

@@ -3,9 +3,11 @@
 A decode step reads every weight once, so its time is the bytes it reads: a Q4_1 block holds 32
 weights in 20 bytes where fp32 needs 128. The kernels (kernels/blocks.cpp) unpack each block in
 registers and compute in fp32; they are built once per machine, torch and source, under a key in
-DEFAULT_KERNEL_DIR, and loaded at every later start. Where they cannot build (no compiler), the
-same layer dequantizes its blocks with torch ops and calls `F.linear`: the same answer, to fp32's
-rounding, at a fraction of the speed.
+DEFAULT_KERNEL_DIR, and loaded at every later start. They are torch operators
+(`torch.ops.llm_blocks.q4_1_linear` ...), so torch.compile traces a model that calls them and its
+graphs call them back, the blocks passed in as inputs (one copy, nothing folded into the graph).
+Where they cannot build (no compiler), the same layer dequantizes its blocks with torch ops and
+calls `F.linear`: the same answer, to fp32's rounding, at a fraction of the speed.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ QK = 32  # weights a block, along the input dimension
 BLOCK_BYTES = {"q4_1": 20, "q4_0": 18, "q8_0": 34}
 
 _kernels: ModuleType | None = None  # the built extension every BlockLinear calls; None: the torch fallback
+_traceable = False  # the operators' output shapes registered for tracing (once a process)
 
 
 def build(folder: str | Path = DEFAULT_KERNEL_DIR) -> ModuleType | None:
@@ -42,7 +45,7 @@ def build(folder: str | Path = DEFAULT_KERNEL_DIR) -> ModuleType | None:
         from torch.utils.cpp_extension import load
 
         directory.mkdir(parents=True, exist_ok=True)
-        return load(
+        module = load(
             name="blocks_kernels",
             sources=[str(SOURCE)],
             # without -fopenmp, at::parallel_for compiles to a plain loop: one thread, whatever torch's count
@@ -55,6 +58,23 @@ def build(folder: str | Path = DEFAULT_KERNEL_DIR) -> ModuleType | None:
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
         log.warning("block kernels not built in %s, using torch's dequantize + F.linear: %s", directory, reason)
         return None
+    _register_shapes()
+    return module
+
+
+def op(kind: str):
+    """The built kernel of `kind` (q4_1, q4_0, q8_0): (x [M, K] fp32, blocks uint8 [N, K/32 * bytes
+    a block], N, K) -> [M, N] fp32."""
+    return getattr(torch.ops.llm_blocks, f"{kind}_linear")
+
+
+def _register_shapes() -> None:
+    """What each operator returns, for tracing (torch.compile runs them on shapes, not values)."""
+    global _traceable
+    if not _traceable:
+        for kind in BLOCK_BYTES:
+            torch.library.register_fake(f"llm_blocks::{kind}_linear")(lambda x, w, N, K: x.new_empty(x.shape[0], N))
+        _traceable = True
 
 
 def use_kernels(module: ModuleType | None) -> None:
@@ -104,7 +124,7 @@ class BlockLinear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in_features], fp32
         rows = x.reshape(-1, self.in_features).contiguous()  # [M, K]
         if _kernels is not None:
-            y = getattr(_kernels, f"{self.kind}_linear")(rows, self.blocks, self.out_features, self.in_features)
+            y = op(self.kind)(rows, self.blocks, self.out_features, self.in_features)
         else:
             y = F.linear(rows, dequantize(self.kind, self.blocks, self.out_features, self.in_features))
         if self.bias is not None:

@@ -56,6 +56,9 @@ def set_torch_threads(n: int) -> None:
 # round that compiles (Runner.generate; the worker holds fence.model_work then, so vLLM compiles
 # nothing under them), not as torch.compile's options: Dynamo reads `freezing` from the global
 # config while it traces, and without it leaves the weights as graph inputs.
+# The GGUF's blocks compile without them: their linears are our kernels (nothing to autotune), and
+# unfrozen, the blocks stay the graph's inputs (one copy) and Inductor caches the graphs on disk,
+# which it does not do for frozen ones: a later start loads them instead of compiling.
 CPU_OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN", "cpp_wrapper": True}
 
 
@@ -113,8 +116,8 @@ class Runner:
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=loaded).to(self.device).eval()
         linears = ""
         if self.blocks:  # before the packing below, which takes the linears left dense
-            if not eager_on_cpu:
-                raise ValueError("the GGUF's blocks are read by CPU kernels, eager: DEVICE=cpu, STATIC_COMPILE=0")
+            if self.device != "cpu":
+                raise ValueError("the GGUF's blocks are read by CPU kernels: DEVICE=cpu")
             linears = gguf_blocks.use_blocks(self.model, model_path, settings.kernel_dir)
         if eager_on_cpu:  # batcher/static/linear.py
             packed = (half_weights if half else pack_linears)(self.model, self.max_batch)
@@ -199,7 +202,8 @@ class Runner:
         )
         if self.compile_config is not None:
             config.compile_config = self.compile_config
-        compiling = cache_len is not None and (len(seqs), cache_len) not in self._graphs and self.device == "cpu"
+        compiling = cache_len is not None and (len(seqs), cache_len) not in self._graphs
+        compiling = compiling and self.device == "cpu" and not self.blocks
         with (
             torch._inductor.config.patch(CPU_OPTIONS) if compiling else contextlib.nullcontext(),
             PromptLogprobs(seqs, inputs, self.tokenizer, failures).hooked(self.model),  # read off the prefill

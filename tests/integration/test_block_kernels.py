@@ -89,7 +89,7 @@ def test_a_hand_built_block_of_each_kind_holds_the_formulas_weights(torch, block
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_kernel_matches_the_dequantized_matrix(torch, blocks, kernels, path, kind, k):
     generator = torch.Generator().manual_seed(k)
-    linear = getattr(kernels, f"{kind}_linear")
+    linear = blocks.op(kind)
     for n in OUTPUTS:
         w = random_blocks(torch, kind, n, k, generator)
         dense = blocks.dequantize(kind, w, n, k)
@@ -114,7 +114,7 @@ def test_every_finite_fp16_scale_reads_as_torch_reads_it(torch, blocks, kernels,
         w[:, 0, 2:4] = finite.flip(0)[:, None].view(torch.uint8)
     w = w.reshape(finite.numel(), -1)
     x = torch.randn(1, 32, generator=generator)
-    y = getattr(kernels, f"{kind}_linear")(x, w, finite.numel(), 32)
+    y = blocks.op(kind)(x, w, finite.numel(), 32)
     assert worst_error(torch, y, x, blocks.dequantize(kind, w, finite.numel(), 32)) < TOLERANCE
 
 
@@ -152,13 +152,13 @@ WRONG = {  # what is changed in a right call (x [2, 64], w [3, 2 blocks], N=3, K
 
 
 @pytest.mark.parametrize("wrong", WRONG)
-def test_a_wrong_operand_is_refused_naming_it(torch, kernels, wrong):
+def test_a_wrong_operand_is_refused_naming_it(torch, blocks, kernels, wrong):
     change, message = WRONG[wrong]
     x = torch.randn(2, 64)
     for kind, width in (("q4_1", 20), ("q4_0", 18), ("q8_0", 34)):
         w = torch.zeros(3, 2 * width, dtype=torch.uint8)
         with pytest.raises(RuntimeError, match=f"{kind}_linear: {message}"):
-            getattr(kernels, f"{kind}_linear")(*change(torch, x, w))
+            blocks.op(kind)(*change(torch, x, w))
 
 
 def test_a_path_the_cpu_lacks_or_that_does_not_exist_is_refused(kernels):

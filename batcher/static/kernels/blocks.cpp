@@ -350,18 +350,32 @@ void set_isa(const std::string& name) {
 
 }  // namespace
 
+torch::Tensor q4_1_linear(const torch::Tensor& x, const torch::Tensor& w, int64_t N, int64_t K) {
+  return linear<Q41>(x, w, N, K, "q4_1_linear");
+}
+torch::Tensor q4_0_linear(const torch::Tensor& x, const torch::Tensor& w, int64_t N, int64_t K) {
+  return linear<Q40>(x, w, N, K, "q4_0_linear");
+}
+torch::Tensor q8_0_linear(const torch::Tensor& x, const torch::Tensor& w, int64_t N, int64_t K) {
+  return linear<Q80>(x, w, N, K, "q8_0_linear");
+}
+
+// The linears as torch operators (torch.ops.llm_blocks.*), so that torch.compile traces a model
+// that calls them and its graphs call them back: the blocks stay the graph's inputs, one copy,
+// never folded in as constants. Their shapes for tracing are registered in Python (blocks.py).
+TORCH_LIBRARY(llm_blocks, m) {
+  m.def("q4_1_linear(Tensor x, Tensor w, int N, int K) -> Tensor");
+  m.def("q4_0_linear(Tensor x, Tensor w, int N, int K) -> Tensor");
+  m.def("q8_0_linear(Tensor x, Tensor w, int N, int K) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(llm_blocks, CPU, m) {
+  m.impl("q4_1_linear", &q4_1_linear);
+  m.impl("q4_0_linear", &q4_0_linear);
+  m.impl("q8_0_linear", &q8_0_linear);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  // A prefill's call takes long enough that the HTTP thread should run meanwhile.
-  auto release = py::call_guard<py::gil_scoped_release>();
-  m.def("q4_1_linear", [](torch::Tensor x, torch::Tensor w, int64_t N, int64_t K) {
-    return linear<Q41>(x, w, N, K, "q4_1_linear");
-  }, release);
-  m.def("q4_0_linear", [](torch::Tensor x, torch::Tensor w, int64_t N, int64_t K) {
-    return linear<Q40>(x, w, N, K, "q4_0_linear");
-  }, release);
-  m.def("q8_0_linear", [](torch::Tensor x, torch::Tensor w, int64_t N, int64_t K) {
-    return linear<Q80>(x, w, N, K, "q8_0_linear");
-  }, release);
   m.def("isa", &isa, "the path in use: avx512, avx2 or scalar");
   m.def("set_isa", &set_isa, "force a path this CPU runs (tests run each one)");
 }
