@@ -59,11 +59,11 @@ def templates(model_path: str) -> tuple[StaticSettings, VLLMSettings]:
 
 def candidates() -> list[tuple[str, str, bool]]:
     """(engine, dtype, eager), every one the profile may measure; the first is the reference.
-    The static engine's GGUF blocks (eager only) come right after the fp32 rows: they are fp32's
-    answers (the reference *is* the blocks, dequantized) at a third of fp16's bytes."""
+    The static engine's GGUF blocks come right after the fp32 rows: they are fp32's answers (the
+    reference *is* the blocks, dequantized) at a third of fp16's bytes; compiled, with the others."""
     order = [(dtype, True) for dtype in DTYPES] + [(dtype, False) for dtype in DTYPES]
     listed = [(engine, dtype, eager) for dtype, eager in order for engine in ("static", "vllm")]
-    return listed[:2] + [("static", BLOCKS, True)] + listed[2:]
+    return listed[:2] + [("static", BLOCKS, True)] + listed[2:] + [("static", BLOCKS, False)]
 
 
 def next_candidate(todo: list[tuple[str, str, bool]], rows: list[dict]) -> tuple[str, str, bool]:

@@ -120,10 +120,10 @@ def measured(engine_: str, dtype: str, eager: bool, one_prompt_s: float, prefix:
 
 def test_the_order_is_every_eager_row_then_each_engines_best_compiled_one():
     order = measure.candidates()
-    assert order[0] == ("static", "float32", True) and len(set(order)) == 13
+    assert order[0] == ("static", "float32", True) and len(set(order)) == 14
     todo, rows, taken = list(order), [], []
     # eager rows as they come: vLLM fp16 the fastest faithful, static bf16 the fastest but unfaithful,
-    # the static engine's GGUF blocks (eager only: no compiled row) slower than its fp16 here
+    # the static engine's GGUF blocks slower than its fp16 here (so compiled after fp16's)
     one_prompt = {("static", "float32"): 0.9, ("vllm", "float32"): 0.8, ("static", "float16"): 0.7}
     one_prompt |= {("static", "blocks"): 0.75}
     one_prompt |= {("vllm", "float16"): 0.6, ("static", "bfloat16"): 0.5, ("vllm", "bfloat16"): 0.4}
@@ -139,7 +139,8 @@ def test_the_order_is_every_eager_row_then_each_engines_best_compiled_one():
     assert labels[:7] == dense[:2] + ["static blocks eager"] + dense[2:]  # fp32's answers, fewer bytes: early
     # then what can win: each engine's fastest faithful eager row compiled, vLLM's first
     assert labels[7:9] == ["vllm float16 compiled", "static float16 compiled"]
-    assert set(labels[9:]) == {f"{e} {d} compiled" for e in ("static", "vllm") for d in ("float32", "bfloat16")}
+    rest = {f"{e} {d} compiled" for e in ("static", "vllm") for d in ("float32", "bfloat16")}
+    assert set(labels[9:]) == rest | {"static blocks compiled"}
 
 
 def test_what_is_not_run_says_why():
@@ -312,3 +313,15 @@ def test_the_blocks_row_is_not_run_for_a_model_with_no_gguf_behind_it():
     blocks = ("static", "blocks", True)
     assert measure.skipped(blocks, [ref], 100, gguf=False).startswith("not run: the model was not converted from a GGUF")
     assert measure.skipped(blocks, [ref], 100, gguf=True) is None
+
+
+def test_the_blocks_fastest_eager_compile_next_and_the_finish_takes_them_up():
+    order = measure.candidates()
+    rows = [measured("static", "float32", True, 0.9), measured("vllm", "float32", True, 0.8)]
+    rows += [measured("static", "blocks", True, 0.4)]
+    todo = [c for c in order if c[2] is False]
+    assert measure.next_candidate(todo, rows) == ("vllm", "float32", False)
+    todo.remove(("vllm", "float32", False))
+    assert measure.next_candidate(todo, rows) == ("static", "blocks", False)
+    profile = {"reference": "measured", "rows": rows}
+    assert ("static", "blocks", False) in finish.unfinished(profile)
