@@ -1,15 +1,22 @@
 """STATIC_COMPILE: the static engine decoding through a compiled step over a static KV cache.
 
-The runner-level tests run twice, eager and compiled: per-row parameters, streaming and
-cancellation must hold either way, and the compiled runner must give the eager runner's tokens.
-The compiled runner is sized so that every round here fits one cache length (64): two graphs, one
-row and a round padded to the batch size (4), compiled once for the module by warm_up (its cost:
-docs/testing.md).
+On a tiny llama written to a GGUF file (tests/helpers/tiny_gguf.py: the default model's tokenizer,
+two layers), in both compiled forms: dense fp32 (frozen weights, autotuned: compiled at every run,
+Inductor caches no frozen graph) and the GGUF's blocks (unfrozen: cached on disk, and a later
+start loads them, which a test here checks in a process of its own). The runner-level tests run
+eager and compiled: per-row parameters, streaming and cancellation must hold either way, and each
+compiled runner must give its eager runner's tokens. Every round here fits one cache length (64):
+two graphs a form, one row and a round padded to the batch size (4), compiled once for the module
+by warm_up (their cost: docs/testing.md).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import queue
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -23,26 +30,61 @@ from service import create_app, shutdown
 from service.config import Config
 from service.http.state import app_state
 from service.ops.health import engine_health
+from tests.helpers.apps import post
 from tests.helpers.workers import PROMPTS, run, static_settings
 
 SMALL = {"max_input_tokens": 24, "max_new_tokens_limit": 40}  # 64: one cache length for every round
+FORMS = {"dense": {"dtype": "float32"}, "blocks": {"static_weights": "blocks"}}
+CHILD = "tests.helpers.compiled_start"
 
 
 @pytest.fixture(scope="module")
-def compiled(model_path, runner_fp32) -> Runner:
-    # `runner_fp32` (the session's, loaded anyway) puts every test of this runner in its xdist
-    # group (tests/conftest.py), so that the module compiles once: the service test below, in a
-    # group of its own, compiled it again on the other worker (98 s there, 2026-12-02)
-    runner = Runner(static_settings(model_path, dtype="float32", static_compile="1", batch_size=4, **SMALL))
-    # compiling patches torch process-wide: not while another test's vLLM engine builds or steps
-    with fence.model_work(), fence.static_round():
-        assert runner.compiles and runner.warm_up() > 0
-    return runner
+def tiny(tmp_path_factory) -> str:
+    """The tiny model's GGUF file, and its checkpoint folder (converted as the service does)."""
+    from batcher.checkpoint import gguf_path, resolve_model
+    from tests.helpers.tiny_gguf import write
+
+    folder = tmp_path_factory.mktemp("tiny")
+    source = write(folder / "tiny.gguf", gguf_path())
+    return str(source), resolve_model(str(source), folder / "models")
 
 
-@pytest.fixture(params=["eager", "compiled"])
-def runner(request, runner_fp32):
-    return runner_fp32 if request.param == "eager" else request.getfixturevalue("compiled")
+@pytest.fixture(scope="module")
+def inductor_cache(tmp_path_factory) -> str:
+    """Where the blocks' graphs are compiled to, so that a later start can be shown to load them."""
+    return str(tmp_path_factory.mktemp("inductor"))
+
+
+@pytest.fixture(scope="module")
+def eager_runners(tiny) -> dict[str, Runner]:
+    return {form: Runner(static_settings(tiny[1], **settings, **SMALL)) for form, settings in FORMS.items()}
+
+
+@pytest.fixture(scope="module")
+def compiled_runners(tiny, inductor_cache) -> dict[str, Runner]:
+    runners, before = {}, os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    for form, settings in FORMS.items():
+        runner = Runner(static_settings(tiny[1], static_compile="1", batch_size=4, **settings, **SMALL))
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache  # Inductor reads it at each compile
+        try:  # compiling patches torch process-wide: not while another test's vLLM engine builds or steps
+            with fence.model_work(), fence.static_round():
+                assert runner.compiles and runner.warm_up() > 0
+        finally:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR")
+            os.environ.update({} if before is None else {"TORCHINDUCTOR_CACHE_DIR": before})
+        runners[form] = runner
+    return runners
+
+
+@pytest.fixture(params=list(FORMS))
+def pair(request, eager_runners, compiled_runners) -> tuple[Runner, Runner]:
+    """(eager, compiled) of one form."""
+    return eager_runners[request.param], compiled_runners[request.param]
+
+
+@pytest.fixture(params=["eager", "dense", "blocks"])
+def runner(request, eager_runners, compiled_runners) -> Runner:
+    return eager_runners["dense"] if request.param == "eager" else compiled_runners[request.param]
 
 
 def mixed_round() -> list[Sequence]:
@@ -50,14 +92,14 @@ def mixed_round() -> list[Sequence]:
     return [
         Sequence(PROMPTS[0], SamplingParams(max_tokens=12, logprobs=2)),
         Sequence(PROMPTS[1], SamplingParams(max_tokens=6, temperature=0.8, seed=11, ignore_eos=True)),
-        Sequence(PROMPTS[2], SamplingParams(max_tokens=16, stop=(" degrees",))),
+        Sequence(PROMPTS[2], SamplingParams(max_tokens=16, stop=(" the",))),
         Sequence(PROMPTS[3], SamplingParams(max_tokens=10, repetition_penalty=1.3, top_k=5, ignore_eos=True)),
     ]
 
 
-def test_compiled_decoding_gives_the_eager_tokens_row_for_row(runner_fp32, compiled):
+def test_compiled_decoding_gives_the_eager_tokens_row_for_row(pair):
     eager, fast = mixed_round(), mixed_round()
-    assert run(runner_fp32, eager) == run(compiled, fast)
+    assert run(pair[0], eager) == run(pair[1], fast)
     for a, b in zip(eager, fast, strict=True):
         assert a.token_ids == b.token_ids and a.prompt_tokens == b.prompt_tokens
         assert [t.token_id for t in a.logprobs] == [t.token_id for t in b.logprobs]
@@ -67,12 +109,12 @@ def test_compiled_decoding_gives_the_eager_tokens_row_for_row(runner_fp32, compi
 
 def test_per_row_max_tokens_stop_and_seed_hold(runner):
     [(alone, _)] = run(runner, [Sequence(PROMPTS[2], SamplingParams(max_tokens=12, ignore_eos=True))])
-    stop = alone.split()[2]
+    stop = alone[len(alone) // 2 :][:3]  # three characters from the middle of its text
     seeded = SamplingParams(max_tokens=8, temperature=1.0, seed=5, ignore_eos=True)
     rows = [
         Sequence(PROMPTS[0], SamplingParams(max_tokens=3, ignore_eos=True)),
         Sequence(PROMPTS[1], seeded),
-        Sequence(PROMPTS[2], SamplingParams(max_tokens=12, stop=(stop,))),
+        Sequence(PROMPTS[2], SamplingParams(max_tokens=12, stop=(stop,), ignore_eos=True)),
     ]
     (short, short_reason), (sampled, _), (stopped, stop_reason) = run(runner, rows)
     assert len(rows[0].token_ids) == 3 and short_reason == "length"
@@ -109,22 +151,22 @@ def test_a_cancelled_row_stops_while_the_others_run_to_their_end(runner):
     assert [len(s.token_ids) for s in rows[1:]] == [30, 30]
 
 
-def test_a_short_round_is_padded_but_returns_only_its_own_rows(runner_fp32, compiled):
+def test_a_short_round_is_padded_but_returns_only_its_own_rows(pair):
     def rows():
         return [Sequence(p, SamplingParams(max_tokens=8)) for p in PROMPTS[:2]]
 
     eager, fast = rows(), rows()
-    reasons = compiled.generate(fast, compiled.encode(PROMPTS[:2]))
+    reasons = pair[1].generate(fast, pair[1].encode(PROMPTS[:2]))
     assert len(reasons) == 2  # the padding rows are not returned
-    assert [(seq.text, reason) for seq, reason in zip(fast, reasons, strict=True)] == run(runner_fp32, eager)
+    assert [(seq.text, reason) for seq, reason in zip(fast, reasons, strict=True)] == run(pair[0], eager)
 
 
-def test_one_prompt_runs_its_own_graph_and_a_round_of_two_or_more_the_padded_one(compiled):
+def test_one_prompt_runs_its_own_graph_and_a_round_of_two_or_more_the_padded_one(pair):
     """warm_up compiled both widths (graph_width): neither a lone prompt nor a round of three
     compiles anything new."""
     from torch._dynamo.utils import counters
 
-    graphs = counters["stats"]["unique_graphs"]
+    compiled, graphs = pair[1], counters["stats"]["unique_graphs"]
     for prompts in (PROMPTS[:1], PROMPTS[:3]):
         assert not compiled.needs_compile(compiled.encode(prompts), 8)
         run(compiled, [Sequence(p, SamplingParams(max_tokens=8)) for p in prompts])
@@ -132,7 +174,7 @@ def test_one_prompt_runs_its_own_graph_and_a_round_of_two_or_more_the_padded_one
     assert {width for width, _ in compiled._graphs} == {1, 4}
 
 
-def test_prompt_logprobs_come_from_the_eager_prefill_and_compile_nothing_new(runner_fp32, compiled):
+def test_prompt_logprobs_come_from_the_eager_prefill_and_compile_nothing_new(pair):
     from torch._dynamo.utils import counters
 
     def rows():
@@ -141,16 +183,31 @@ def test_prompt_logprobs_come_from_the_eager_prefill_and_compile_nothing_new(run
             Sequence(PROMPTS[3], SamplingParams(max_tokens=4)),
         ]
 
+    eager_runner, compiled = pair
     run(compiled, [Sequence(PROMPTS[0], SamplingParams(max_tokens=4))])  # this round's graph exists
     graphs = counters["stats"]["unique_graphs"]
     eager, fast = rows(), rows()
-    assert run(runner_fp32, eager) == run(compiled, fast)
+    assert run(eager_runner, eager) == run(compiled, fast)
     assert counters["stats"]["unique_graphs"] == graphs  # the decode step ran the graph it had
     assert fast[1].prompt_logprobs is None
     mine, theirs = fast[0].prompt_logprobs, eager[0].prompt_logprobs
     assert [r.token_id for r in mine] == [r.token_id for r in theirs] and mine[0].logprob is None
     assert [r.logprob for r in mine[1:]] == pytest.approx([r.logprob for r in theirs[1:]], abs=1e-4)
     assert [[t for t, _, _ in r.top] for r in mine] == [[t for t, _, _ in r.top] for r in theirs]
+
+
+def test_a_later_start_loads_the_blocks_graphs_instead_of_compiling(tiny, inductor_cache, compiled_runners):
+    """The blocks' graphs, compiled once (by this module's runner, as the profile or a first start
+    compiles them), are loaded by a new process from Inductor's cache: no graph compiled again,
+    the same tokens."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": inductor_cache}
+    args = [sys.executable, "-m", CHILD, tiny[1], json.dumps(SMALL), PROMPTS[0]]
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    started = json.loads(done.stdout.strip().splitlines()[-1])
+    assert started["fxgraph_cache_hit"] == 2 and started["fxgraph_cache_miss"] == 0, started
+    [(text, _)] = run(compiled_runners["blocks"], [Sequence(PROMPTS[0], SamplingParams(max_tokens=8))])
+    assert started["text"] == text
 
 
 def test_cache_lengths_come_in_a_few_buckets():
@@ -160,28 +217,24 @@ def test_cache_lengths_come_in_a_few_buckets():
 def test_bad_values_are_refused():
     with pytest.raises(ValueError, match="STATIC_COMPILE"):
         Config(static_compile="yes")
+    with pytest.raises(ValueError, match="STATIC_WEIGHTS=blocks computes in fp32"):
+        Config(static_weights="blocks", dtype="float16")
 
 
-def test_the_service_compiles_before_it_reports_ready_and_serves_compiled(compiled):
-    app = create_app(
-        Config(
-            vllm_enabled=False,
-            static_compile="1",
-            dtype="float32",
-            **SMALL,
-        )
-    )
+def test_the_service_compiles_before_it_reports_ready_and_serves_compiled(tiny, compiled_runners, tmp_path):
+    """MODEL=<the GGUF file>, its blocks compiled: ready once its graphs are, and serving them."""
+    settings = {"model": tiny[0], "cache_dir": str(tmp_path), "static_weights": "blocks", **SMALL}
+    app = create_app(Config(vllm_enabled=False, static_compile="1", **settings))
     try:
         static = app_state(app).engines["static"]
         assert static.wait_ready(900), engine_health(static)
         health = app.test_client().get("/health").json["engines"]["static"]
         assert health["phase"] == "ready" and health["phase_seconds"]["compiling"] > 0
-        assert static.runner.compiles
-        reply = app.test_client().post("/generate", json={"prompts": [PROMPTS[0]], "max_tokens": 8})
+        assert static.runner.compiles and static.runner.blocks
+        reply = post(app.test_client(), "/generate", {"prompts": [PROMPTS[0]], "max_tokens": 8})
         assert reply.status_code == 200
-        assert reply.json["generated_texts"] == [
-            run(compiled, [Sequence(PROMPTS[0], SamplingParams(max_tokens=8))])[0][0]
-        ]
+        expected = run(compiled_runners["blocks"], [Sequence(PROMPTS[0], SamplingParams(max_tokens=8))])
+        assert reply.json["generated_texts"] == [expected[0][0]]
     finally:
         shutdown(app)
 
@@ -197,9 +250,9 @@ class _Compiles(Runner):
         return self.compile_next
 
 
-def test_a_round_that_compiles_waits_for_vllms_step_and_a_plain_round_does_not(runner_fp32):
+def test_a_round_that_compiles_waits_for_vllms_step_and_a_plain_round_does_not(eager_runners):
     """A compile patches torch process-wide (fence.py): vLLM must not be mid-step meanwhile."""
-    runner = _Compiles(runner_fp32)
+    runner = _Compiles(eager_runners["dense"])
     worker = StaticWorker(runner.settings, load_runner=lambda: runner).start()
     assert worker.wait_ready(60)
     stepping, step_over = threading.Event(), threading.Event()

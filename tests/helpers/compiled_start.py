@@ -1,0 +1,32 @@
+"""A start of the static engine with the GGUF's blocks compiled, in a process of its own, as a
+service restart would be: `python -m tests.helpers.compiled_start MODEL_PATH SETTINGS_JSON PROMPT`
+prints one JSON line: what Inductor's cache did while the graphs were made ready (hits, misses)
+and the prompt's greedy text (8 tokens)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from batcher.compile_cache import import_torch_first
+
+
+def main(model_path: str, settings: str, prompt: str) -> None:
+    import_torch_first()  # as the service does: the caches' keys depend on it
+    from torch._dynamo.utils import counters
+
+    from batcher.sampling import SamplingParams
+    from batcher.sequence import Sequence
+    from batcher.static.runner import Runner
+    from tests.helpers.workers import run, static_settings
+
+    config = {"static_weights": "blocks", "static_compile": "1", "batch_size": 4, **json.loads(settings)}
+    runner = Runner(static_settings(model_path, **config))
+    runner.warm_up()
+    made = {name: counters["inductor"][name] for name in ("fxgraph_cache_hit", "fxgraph_cache_miss")}
+    [(text, _)] = run(runner, [Sequence(prompt, SamplingParams(max_tokens=8))])
+    print(json.dumps({**made, "text": text}))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
