@@ -42,6 +42,11 @@ def use_compile_cache(folder: str, device: str) -> dict[str, str]:
         # Without AOT, vLLM's own compile cache (Dynamo still traces, the Inductor graphs load
         # from disk) does reload: a warm start skips Inductor entirely. GPUs keep vLLM's default.
         settings["VLLM_USE_AOT_COMPILE"] = "0"
+        # vLLM's CPU platform sets this when its engine starts (kernels read the thread count at
+        # run time, not at compile time), and Inductor keys its cached graphs by it: so the static
+        # engine's graphs compiled beside vLLM (the service) and without it (the profile's child,
+        # VLLM_ENABLED=0) were keyed apart, and a start after the profile compiled them again.
+        settings["TORCHINDUCTOR_CPP_DYNAMIC_THREADS"] = "1"
     applied = {}
     for name, value in settings.items():
         applied[name] = os.environ.setdefault(name, value)

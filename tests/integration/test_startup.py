@@ -3,6 +3,7 @@ process-wide patching; /health shows each engine's start phase."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -74,6 +75,18 @@ def test_compile_caches_default_to_the_project_folder_and_the_environment_wins(m
     assert applied["VLLM_USE_AOT_COMPILE"] == "0"  # AOT artifacts cannot be reloaded on CPU
     monkeypatch.delenv("VLLM_USE_AOT_COMPILE")
     assert "VLLM_USE_AOT_COMPILE" not in use_compile_cache("", "cuda")
+
+
+def test_the_static_graphs_are_keyed_alike_beside_a_vllm_engine_and_without_one(vllm_app):
+    """vLLM's CPU platform sets TORCHINDUCTOR_CPP_DYNAMIC_THREADS once its engine starts, and Inductor
+    keys its cached graphs by it: a process with no vLLM engine (the profile's static child, a
+    VLLM_ENABLED=0 server) must compile with the same value, or a server start compiles again."""
+    name = "TORCHINDUCTOR_CPP_DYNAMIC_THREADS"
+    beside = os.environ.get(name)  # vllm_app's engine started in this process
+    code = f"import os; from batcher.compile_cache import use_compile_cache; use_compile_cache('', 'cpu'); print(os.environ.get('{name}'))"
+    env = {key: value for key, value in os.environ.items() if key != name}
+    alone = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
+    assert beside == alone.stdout.strip() == "1"
 
 
 # Which of torch and transformers a process asks for first; it exits there, before importing either.
