@@ -51,7 +51,8 @@ def machine_key(model_path: str, cpu: dict | None = None) -> dict:
         "cpu": cpu if cpu is not None else cpu_info(),
         "torch": _version("torch"),
         "vllm": _version("vllm"),
-        "static_forms": [BLOCKS, f"{BLOCKS} compiled"],  # beyond the dtypes: a profile from before a form was added measures again
+        # beyond the dtypes: a profile from before a form was added measures again
+        "static_forms": [BLOCKS, f"{BLOCKS} compiled"],
         "model": {
             "path": os.path.abspath(model_path),
             "bytes": stat and stat.st_size,

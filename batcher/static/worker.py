@@ -72,9 +72,18 @@ class StaticWorker(EngineThread):
         if self.runner.compiles:  # STATIC_COMPILE: the first graph, before any request waits on it
             self._enter_phase("compiling")
             set_torch_threads(self.torch_threads)
+            from torch._dynamo.utils import counters
+
+            kinds = ("fxgraph_cache_hit", "fxgraph_cache_miss", "fxgraph_cache_bypass")
+            before = [counters["inductor"][kind] for kind in kinds]  # process-wide: vLLM's count too
             with fence.model_work(), fence.static_round():  # in fence.py's order
                 seconds = self.runner.warm_up()
-            log.info("static engine: decode step compiled in %.1fs", seconds)
+            loaded, compiled, frozen = (counters["inductor"][kind] - n for kind, n in zip(kinds, before, strict=True))
+            log.info(
+                "static engine: decode step ready in %.1fs (Inductor graphs: %d loaded from the compile cache, "
+                "%d compiled and stored, %d compiled uncacheable: frozen weights)",
+                seconds, loaded, compiled, frozen,
+            )  # fmt: skip
 
     def _serve(self) -> None:
         while not self.lifecycle.stopping.is_set():

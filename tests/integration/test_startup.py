@@ -83,7 +83,8 @@ def test_the_static_graphs_are_keyed_alike_beside_a_vllm_engine_and_without_one(
     VLLM_ENABLED=0 server) must compile with the same value, or a server start compiles again."""
     name = "TORCHINDUCTOR_CPP_DYNAMIC_THREADS"
     beside = os.environ.get(name)  # vllm_app's engine started in this process
-    code = f"import os; from batcher.compile_cache import use_compile_cache; use_compile_cache('', 'cpu'); print(os.environ.get('{name}'))"
+    code = "import os; from batcher.compile_cache import use_compile_cache; use_compile_cache('', 'cpu')"
+    code += f"; print(os.environ.get('{name}'))"
     env = {key: value for key, value in os.environ.items() if key != name}
     alone = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
     assert beside == alone.stdout.strip() == "1"

@@ -311,7 +311,8 @@ def test_the_static_fidelity_chunks_run_in_turn_alone_and_as_one_round():
 def test_the_blocks_row_is_not_run_for_a_model_with_no_gguf_behind_it():
     ref = {"engine": "static", "dtype": "float32", "eager": True, "status": "measured", "prefix": 1.0, "france": True}
     blocks = ("static", "blocks", True)
-    assert measure.skipped(blocks, [ref], 100, gguf=False).startswith("not run: the model was not converted from a GGUF")
+    why = measure.skipped(blocks, [ref], 100, gguf=False)
+    assert why.startswith("not run: the model was not converted from a GGUF")
     assert measure.skipped(blocks, [ref], 100, gguf=True) is None
 
 
