@@ -33,12 +33,17 @@ BLOCK_BYTES = {"q4_1": 20, "q4_0": 18, "q8_0": 34}
 
 _kernels: ModuleType | None = None  # the built extension every BlockLinear calls; None: the torch fallback
 _traceable = False  # the operators' output shapes registered for tracing (once a process)
+_loaded: ModuleType | None = None  # the extension as this process loaded it: its operators are process-wide
 
 
 def build(folder: str | Path = DEFAULT_KERNEL_DIR) -> ModuleType | None:
     """The kernels, compiled into `folder`/<torch version>-<source hash> the first time (about a
     minute) and loaded from there later (seconds); None, with the reason logged, where they
-    cannot be built here."""
+    cannot be built here. Once loaded, the same module for every later call, whatever `folder`: a
+    second copy of the library would register its operators again, which aborts the process."""
+    global _loaded
+    if _loaded is not None:
+        return _loaded
     digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
     directory = Path(folder) / re.sub(r"[^\w.-]", "_", f"torch-{torch.__version__}-{digest}")
     try:
@@ -59,6 +64,7 @@ def build(folder: str | Path = DEFAULT_KERNEL_DIR) -> ModuleType | None:
         log.warning("block kernels not built in %s, using torch's dequantize + F.linear: %s", directory, reason)
         return None
     _register_shapes()
+    _loaded = module
     return module
 
 

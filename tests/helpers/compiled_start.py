@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 import sys
 
-from batcher.compile_cache import import_torch_first
+from batcher.compile_cache import import_torch_first, use_compile_cache
 
 
 def main(model_path: str, settings: str, prompt: str) -> None:
     import_torch_first()  # as the service does: the caches' keys depend on it
+    use_compile_cache("", "cpu")  # as the service does (its folder: TORCHINDUCTOR_CACHE_DIR, as given)
     from torch._dynamo.utils import counters
 
     from batcher.sampling import SamplingParams

@@ -161,6 +161,13 @@ def test_a_wrong_operand_is_refused_naming_it(torch, blocks, kernels, wrong):
             blocks.op(kind)(*change(torch, x, w))
 
 
+def test_building_again_gives_the_module_loaded_whatever_the_folders_spelling(blocks, kernels, tmp_path):
+    """A second copy of the library would register its operators again, which aborts the process
+    (a test worker loads the kernels through an absolute folder here, a relative one in a Runner)."""
+    assert blocks.build(blocks.DEFAULT_KERNEL_DIR) is kernels
+    assert blocks.build(tmp_path) is kernels and not list(tmp_path.iterdir())  # nothing built there
+
+
 def test_a_path_the_cpu_lacks_or_that_does_not_exist_is_refused(kernels):
     with pytest.raises(RuntimeError, match="unknown path"):
         kernels.set_isa("neon")
