@@ -22,6 +22,7 @@ from service.jobs.metrics import BatchCollector
 from service.jobs.runner import BatchRunner
 from service.jobs.store import Store
 from service.openai import router as openai_router
+from service.openai.responses.stored import ResponseStore
 from service.ops import live, openapi
 from service.ops import routes as ops_routes
 
@@ -75,6 +76,7 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
         load_tokenizer=functools.cache(lambda: AutoTokenizer.from_pretrained(path)),
         store=Store(config.database),
     )
+    app_state(app).responses = ResponseStore(app_state(app).store.db, config.response_retention_s)
     app_state(app).runner = BatchRunner(app, app_state(app).store)
     metrics.registry.register(BatchCollector(app_state(app).store))  # batch lines and batches, read when scraped
 

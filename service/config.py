@@ -115,6 +115,7 @@ class Config:
     database_url: str = ""  # "": sqlite under DATA_DIR; postgresql+psycopg://... past one box
     max_file_bytes: Annotated[int, between(1, 1 << 40)] = 200 << 20  # an uploaded file (OpenAI's bound)
     max_batch_lines: Annotated[int, between(1, 10_000_000)] = 50_000  # lines per batch (OpenAI's bound)
+    response_retention_s: Annotated[int, between(1, 100 * 365 * DAY_S)] = 30 * DAY_S  # a stored response (OpenAI's)
 
     def __post_init__(self) -> None:
         if self.api_key is not None and not self.api_keys:

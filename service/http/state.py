@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from service.http.inflight import InflightGate
     from service.jobs.runner import BatchRunner
     from service.jobs.store import Store
+    from service.openai.responses.stored import ResponseStore
 
 KEY = "service"  # its one place in Flask's `app.extensions`
 
@@ -32,6 +33,7 @@ class AppState:
     started_at: int  # Unix seconds (/v1/models' `created`)
     load_tokenizer: Callable[[], Any]  # cached: loaded on first use, once
     store: Store | None = None  # files and batch jobs (service/jobs/store.py)
+    responses: ResponseStore | None = None  # the Responses API's stored ones, in the store's database
     runner: BatchRunner | None = None  # runs the batches' lines (service/jobs/runner.py)
     inflight: InflightGate | None = None  # the cap on generate requests (service/http/inflight.py)
     openapi: bytes | None = None  # /openapi.json, built at its first request (service/ops/openapi.py)

@@ -1,6 +1,7 @@
-"""The database of batch jobs, in SQLAlchemy Core (one code path for SQLite and PostgreSQL):
-uploaded and produced files, batches, each batch's lines with their results, and the workers
-that run them (a heartbeat each, so that a dead worker's lines go back to the others).
+"""The service's database, in SQLAlchemy Core (one code path for SQLite and PostgreSQL):
+uploaded and produced files, batches, each batch's lines with their results, the workers
+that run them (a heartbeat each, so that a dead worker's lines go back to the others), and the
+Responses API's stored responses.
 Times are seconds since the epoch in BigInteger (PostgreSQL's INTEGER is 4 bytes); what a client
 names without a bound of ours (a custom_id) is Text, since PostgreSQL enforces a VARCHAR's length."""
 
@@ -79,6 +80,21 @@ lines = Table(
     Column("request_id", String(128)),
     Column("response", JSON),  # done: the route's body, or an error object
     Index("lines_by_state", "batch_id", "state"),
+)
+
+# the Responses API's stored responses (service/openai/responses/stored.py): each turn's own input
+# items and its response object, linked to the turn before it; read until `expires_at`
+responses = Table(
+    "responses",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("owner", String(64), nullable=False, index=True),
+    Column("previous_id", String(64)),
+    Column("created_at", BigInteger, nullable=False),
+    Column("expires_at", BigInteger, nullable=False, index=True),
+    Column("input", JSON, nullable=False),  # this turn's input items, each with its id
+    Column("response", JSON, nullable=False),  # the response object, as the client got it
+    Column("bytes", Integer, nullable=False),  # of both, as JSON
 )
 
 workers = Table(

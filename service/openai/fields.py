@@ -13,7 +13,7 @@ A field in no table is accepted and ignored, as vLLM does (its `OpenAIBaseModel`
 `extra="allow"` and only logs the names at debug level); we log them at debug level too.
 vLLM's removed `guided_*` fields are the exception there (it accepts them and warns that the output
 is NOT constrained): we refuse them, since they ask for a constraint we would not apply.
-The Responses API is stateless and a subset: there, a field in no table is refused (UNKNOWN).
+The Responses API is a subset: there, a field in no table is refused (UNKNOWN).
 """
 
 from __future__ import annotations
@@ -162,14 +162,10 @@ TOKENIZE_CHAT: dict[str, Rule] = {
 
 DETOKENIZE: dict[str, Rule] = honoured(Detokenize)
 
-STATELESS = "this service stores no responses: send the whole conversation as 'input'"
 RESPONSES: dict[str, Rule] = {
     **honoured(Responses),
     **dict.fromkeys("metadata user safety_identifier prompt_cache_key service_tier stream_options".split(), IGNORED),
-    "store": refused(False, why=STATELESS),
-    "previous_response_id": refused(why=STATELESS),
-    "conversation": refused(why=STATELESS),
-    "truncation": refused("disabled", why="a conversation is never cut"),
+    "conversation": refused(why="a conversation here is a chain of responses: 'previous_response_id'"),
     "background": refused(False, why="a response is made while its request waits"),
     "include": refused([], why="a response carries its output alone"),
 }

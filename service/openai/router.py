@@ -5,8 +5,8 @@ that speaks the OpenAI API, compares the two engines by its base URL alone.
 
 Each API's routes.py lists its thin views (ROUTES); here they join their family's blueprint,
 which asks for the API key, answers errors in OpenAI's shape, answers 503 for an engine that
-cannot serve now (but on the Files and Batches routes, STORAGE, which generate nothing), and
-(under `/v1`) 404 for any other path.
+cannot serve now (but on STORAGE_ROUTES: the Files and Batches routes and the stored responses',
+which generate nothing), and (under `/v1`) 404 for any other path.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 # Files and Batches keep what is sent for later: they run no prompt, so they answer whatever the
 # engine's state (a batch made while its engine loads runs once it is ready)
 STORAGE = (files, batches)
-STORAGE_VIEWS = frozenset(view.__name__ for api in STORAGE for _, _, view in api.ROUTES)
+STORAGE_ROUTES = (*files.ROUTES, *batches.ROUTES, *responses.STORED_ROUTES)  # and the stored responses
+STORAGE_VIEWS = frozenset(view.__name__ for _, _, view in STORAGE_ROUTES)
 
 
 def unknown_path(engine: str, unknown: str):

@@ -1,6 +1,6 @@
-"""What the Files and Batches APIs share: the store every view reads (service/jobs/store.py) and
-the request's owner in it, OpenAI's cursor page, and the 404 of a file or batch that is absent
-or another key's (the two look the same to the caller)."""
+"""What the Files, Batches and stored Responses APIs share: the store every view reads
+(service/jobs/store.py) and the request's owner in it, OpenAI's cursor page, and the 404 of a
+file, batch or response that is absent or another key's (the two look the same to the caller)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from service.jobs.store import Store, owner_of
 
 
 class NotFound(ApiError):
-    """No such file or batch for this key: OpenAI's 404 `not_found_error`."""
+    """No such file, batch or stored response for this key: OpenAI's 404 `not_found_error`."""
 
     status, type = 404, "not_found"
 
@@ -32,7 +32,12 @@ def caller() -> tuple[Store, str]:
     store = lookup.state().store
     if store is None:
         raise Unavailable("files and batches are not kept by this app (it has no store)")
-    return store, owner_of(auth.request_key())
+    return store, owner()
+
+
+def owner() -> str:
+    """The request's owner in the store: a hash of its API key, "" while the service is open."""
+    return owner_of(auth.request_key())
 
 
 def page(records: list[Listed], limit: int) -> dict:

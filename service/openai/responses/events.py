@@ -4,14 +4,15 @@ response.output_item.added and either (text) response.content_part.added,
 response.output_text.delta..., response.output_text.done, response.content_part.done, or (a
 call) response.function_call_arguments.delta..., response.function_call_arguments.done; then
 response.output_item.done and response.completed (response.incomplete when max_output_tokens
-cut it). Each event names its `type` on an `event:` line too, and counts `sequence_number`.
-An error after the first byte is an `error` event, and the stream ends."""
+cut it); a stored response is written just before that last event. Each event names its
+`type` on an `event:` line too, and counts `sequence_number`. An error after the first byte is an
+`error` event, and the stream ends."""
 
 from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from batcher.errors import EngineError
 from service import errors, generation
@@ -20,10 +21,12 @@ from service.openai.responses import shape
 from service.tools.parser import Decoder
 from service.tools.spec import Tools
 
+Keep = Callable[[dict], None]
+
 
 class _Events:
-    def __init__(self, response: dict, tools: Tools | None):
-        self.response, self.decoder, self.number = response, Decoder(tools), 0
+    def __init__(self, response: dict, tools: Tools | None, keep: Keep | None):
+        self.response, self.decoder, self.number, self.keep = response, Decoder(tools), 0, keep
         self.item: dict | None = None  # the output item, once its kind is known
         self.text = ""  # the message's text or the call's arguments so far
 
@@ -73,13 +76,16 @@ class _Events:
             yield self.event("response.content_part.done", **where, part=item["content"][0])
         yield self.event("response.output_item.done", output_index=0, item=item)
         final = shape.finished(self.response, seq, item)
+        if self.keep is not None:  # stored before the client hears it is done: then it is there to read
+            self.keep(final)
         kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
         yield self.event(kind, response=final)
 
 
-def events(pieces: generation.Pieces, response: dict, tools: Tools | None) -> Iterator[str]:
-    """Every event of the reply that `pieces` makes (one prompt, one sequence)."""
-    stream = _Events(response, tools)
+def events(pieces: generation.Pieces, response: dict, tools: Tools | None, keep: Keep | None) -> Iterator[str]:
+    """Every event of the reply that `pieces` makes (one prompt, one sequence); `keep`: what
+    stores the response once it is done, where the request asked for it."""
+    stream = _Events(response, tools, keep)
     try:
         yield stream.event("response.created", response=response)
         yield stream.event("response.in_progress", response=response)

@@ -1,4 +1,4 @@
-"""`POST /v1/responses` (and `/static/v1/responses`): OpenAI's Responses API, stateless, read as
+"""`POST /v1/responses` (and `/static/v1/responses`): OpenAI's Responses API, read as
 the chat request it means: `input` items and `instructions` become the messages, `tools` and
 `tool_choice` the same function tools, `text.format` the reply's constraint. Fields outside this
 model are service/openai/responses.py's table (`check`)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, PrivateAttr, ValidationInfo, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, model_validator
 
 from batcher.grammar import StructuredSpec
 from batcher.sampling import SamplingParams
@@ -70,8 +70,43 @@ class TextConfig(Strict):
     format: TextFormat | None = None
 
 
+def conversation(items: list[InputItem]) -> list[dict]:
+    """The chat messages `items` mean: a message item is a turn (`developer` a system one),
+    function calls in a row are one assistant turn, a call's output a tool turn."""
+    messages: list[dict] = []
+    for i, item in enumerate(items):
+        kind = item.type or "message"
+        if kind == "message" and item.role is not None and item.content is not None:
+            role = "system" if item.role == "developer" else item.role
+            content = item.content if isinstance(item.content, str) else "".join(p.text for p in item.content)
+            messages.append({"role": role, "content": content})
+        elif kind == "function_call" and None not in (item.call_id, item.name, item.arguments):
+            call = {"id": item.call_id, "type": "function"}
+            call["function"] = {"name": item.name, "arguments": item.arguments}
+            if messages and messages[-1].get("tool_calls"):  # calls in a row: one assistant turn
+                messages[-1]["tool_calls"].append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output" and None not in (item.call_id, item.output):
+            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.output})
+        else:
+            needs = {"message": "role, content", "function_call": "call_id, name, arguments"}
+            fields = needs.get(kind, "call_id, output")
+            raise InvalidRequest(f"'input[{i}]' must be {ITEM_RULE}; a {kind} needs {fields}", param="input")
+    return messages
+
+
+class ItemList(BaseModel):
+    """`GET /responses/{id}/input_items`: OpenAI's cursor page."""
+
+    model_config = ConfigDict(extra="forbid")
+    after: str | None = Field(None, description="an item id: the items past it, in this order")
+    limit: int = Field(20, ge=1, le=100)
+    order: Literal["asc", "desc"] = Field("desc", description="desc: the newest item first")
+
+
 class Responses(Strict):
-    """`POST /v1/responses`, stateless: every field outside these (and responses.IGNORED) is a 400."""
+    """`POST /v1/responses`: every field outside these (and responses.IGNORED) is a 400."""
 
     model_config = OPEN
     model: str | None = None
@@ -85,6 +120,10 @@ class Responses(Strict):
     tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
     parallel_tool_calls: Flag | None = None
     stream: Flag | None = None
+
+    store: Flag | None = Field(None, description="kept to read and continue (default true)")
+    previous_response_id: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    truncation: Literal["auto", "disabled"] | None = Field(None, description="auto: drop the oldest turns to fit")
 
     _template_messages: list[dict] = PrivateAttr(default_factory=list)
     _tools: tool_spec.Tools | None = PrivateAttr(None)
@@ -100,33 +139,27 @@ class Responses(Strict):
         return self
 
     def _messages(self) -> list[dict]:
-        """The chat messages the input means: a message item is a turn (`developer` a system
-        one), function calls in a row are one assistant turn, a call's output a tool turn."""
-        messages: list[dict] = []
-        if self.instructions is not None:
-            messages.append({"role": "system", "content": self.instructions})
-        if isinstance(self.input, str):
-            return [*messages, {"role": "user", "content": self.input}]
-        for i, item in enumerate(self.input):
-            kind = item.type or "message"
-            if kind == "message" and item.role is not None and item.content is not None:
-                role = "system" if item.role == "developer" else item.role
-                content = item.content if isinstance(item.content, str) else "".join(p.text for p in item.content)
-                messages.append({"role": role, "content": content})
-            elif kind == "function_call" and None not in (item.call_id, item.name, item.arguments):
-                call = {"id": item.call_id, "type": "function"}
-                call["function"] = {"name": item.name, "arguments": item.arguments}
-                if messages and messages[-1].get("tool_calls"):  # calls in a row: one assistant turn
-                    messages[-1]["tool_calls"].append(call)
-                else:
-                    messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-            elif kind == "function_call_output" and None not in (item.call_id, item.output):
-                messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.output})
-            else:
-                needs = {"message": "role, content", "function_call": "call_id, name, arguments"}
-                fields = needs.get(kind, "call_id, output")
-                raise InvalidRequest(f"'input[{i}]' must be {ITEM_RULE}; a {kind} needs {fields}", param="input")
-        return messages
+        """The chat messages the request means on its own: `instructions` a system turn, then
+        its input's (`conversation`)."""
+        first = [] if self.instructions is None else [{"role": "system", "content": self.instructions}]
+        return [*first, *conversation(self.items)]
+
+    @property
+    def items(self) -> list[InputItem]:
+        """The input as items: a string is one user message."""
+        return [InputItem(role="user", content=self.input)] if isinstance(self.input, str) else self.input
+
+    def own_items(self) -> list[dict]:
+        """This turn's input items as the store keeps them (service/openai/responses/stored.py)."""
+        return [item.model_dump(exclude_none=True) for item in self.items]
+
+    def messages_after(self, history: list[dict]) -> list[dict]:
+        """The chat messages of this turn after `history` (the stored items of the turns before
+        it, service/openai/responses/stored.py): the earlier turns' `instructions` are not carried."""
+        if not history:
+            return self._template_messages
+        first = [] if self.instructions is None else [{"role": "system", "content": self.instructions}]
+        return [*first, *conversation([*map(InputItem.model_validate, history), *self.items])]
 
     def _constraint(self) -> StructuredSpec | None:
         """`text.format`, or the grammar that `tool_choice` asks for, never both."""

@@ -1,23 +1,89 @@
-"""`POST /responses` under each base URL (service/openai/router.py adds it)."""
+"""`/responses` under each base URL (service/openai/router.py adds them): `POST` makes one; the
+stored ones (stored.py) are read, listed and deleted by the other routes, which are storage (they
+answer whatever the engine's state, outside the in-flight cap on generate requests)."""
 
 from __future__ import annotations
 
 import functools
 
-from flask import request
+from flask import jsonify, request
 
+from service.errors import InvalidRequest
 from service.http import lookup
 from service.http.body import json_body
-from service.openai import fields
+from service.openai import fields, storage
 from service.openai.responses import serving
-from service.openai.responses.protocol import Responses
+from service.openai.responses.protocol import ItemList, Responses
+from service.openai.responses.stored import PARAM, ResponseStore, with_ids
+from service.protocol import validate
+
+
+def _stored() -> tuple[ResponseStore, str]:
+    """The app's stored responses and the request's owner in them."""
+    responses = lookup.state().responses
+    if responses is None:
+        raise storage.Unavailable("responses are not kept by this app (it has no store)")
+    return responses, storage.owner()
 
 
 def create_response(engine: str):
     req = fields.parse(json_body(request), Responses, "responses", lookup.config())
     served = lookup.served()
     served.check_model(req.model)
-    return serving.create_response(req, served, functools.partial(lookup.run, engine))
+    history, keep = [], None
+    if lookup.batch_line():  # run under the service's own key: it neither reads nor keeps one of a caller's
+        if req.previous_response_id is not None:
+            raise InvalidRequest("a batch line cannot continue a stored response", param=PARAM)
+    elif req.store is not False or req.previous_response_id is not None:
+        responses, owner = _stored()
+        history = responses.history(owner, req.previous_response_id) if req.previous_response_id else []
+        if req.store is not False:
+            items = with_ids(req.own_items())
+            keep = functools.partial(_keep, responses, owner, items)
+    return serving.create_response(req, served, functools.partial(lookup.run, engine), history, keep)
 
 
-ROUTES = [("POST", "/responses", create_response)]
+def _keep(responses: ResponseStore, owner: str, items: list[dict], response: dict) -> None:
+    responses.add(owner, response, items)
+
+
+def retrieve_response(engine: str, response_id: str):
+    responses, owner = _stored()
+    return jsonify(responses.get(owner, response_id))
+
+
+def delete_response(engine: str, response_id: str):
+    responses, owner = _stored()
+    responses.delete(owner, response_id)
+    return jsonify({"id": response_id, "object": "response", "deleted": True})
+
+
+def list_input_items(engine: str, response_id: str):
+    query = validate(ItemList, request.args.to_dict(), lookup.config())
+    responses, owner = _stored()
+    items = responses.input_items(owner, response_id)
+    if query.order == "desc":
+        items.reverse()
+    if query.after is not None:
+        ids = [item["id"] for item in items]
+        items = items[ids.index(query.after) + 1 :] if query.after in ids else []
+    shown = items[: query.limit]
+    first, last = (shown[0]["id"], shown[-1]["id"]) if shown else (None, None)
+    page = {"object": "list", "data": shown, "first_id": first, "last_id": last}
+    return jsonify({**page, "has_more": len(items) > query.limit})
+
+
+def cancel_response(engine: str, response_id: str):
+    responses, owner = _stored()
+    responses.get(owner, response_id)  # another key's, or none: a 404 first
+    raise InvalidRequest("Only responses created with background=true can be cancelled.", param="response_id")
+
+
+# storage: no prompt runs behind these
+STORED_ROUTES = [
+    ("GET", "/responses/<response_id>", retrieve_response),
+    ("DELETE", "/responses/<response_id>", delete_response),
+    ("GET", "/responses/<response_id>/input_items", list_input_items),
+    ("POST", "/responses/<response_id>/cancel", cancel_response),
+]
+ROUTES = [("POST", "/responses", create_response), *STORED_ROUTES]

@@ -1,30 +1,57 @@
-"""`POST /v1/responses`, served: OpenAI's Responses API, a subset, stateless, over chat's rendering
-and the same generation core. The request is read as the chat request it means (its model,
-responses/protocol.py): `input` items and `instructions` become the messages, and its one
-prompt is fitted to the context as chat's is; the reply is one `response` object (shape.py), or
-its events (events.py)."""
+"""`POST /v1/responses`, served: OpenAI's Responses API, a subset, over chat's rendering and the
+same generation core. The request is read as the chat request it means (its model,
+responses/protocol.py): the earlier turns' items (`previous_response_id`, read from the store
+by the route), then `input` and `instructions`, become the messages, and its one prompt is fitted
+to the context as chat's is (the oldest turns dropped first where `truncation` is auto); the
+reply is one `response` object (shape.py), or its events (events.py), kept by `keep` once done."""
 
 from __future__ import annotations
 
 from flask import Response, jsonify
 
+from batcher.sampling import SamplingParams
+from batcher.sequence import Prompt
 from service import generation
+from service.context_length import ContextTooLong
 from service.generation import RunFor
 from service.http import sse
 from service.openai.chat.template import fit_prompt
 from service.openai.responses import events, shape
+from service.openai.responses.events import Keep
 from service.openai.responses.protocol import Responses
+from service.openai.responses.stored import PARAM
 from service.plan import Plan, Served
 
 
-def create_response(req: Responses, served: Served, run_for: RunFor) -> Response:
-    response = shape.new_response(served.config.model_name, req)
+def create_response(
+    req: Responses, served: Served, run_for: RunFor, history: list[dict], keep: Keep | None
+) -> Response:
+    response = shape.new_response(served.config.model_name, req, stored=keep is not None)
     params = req.to_sampling_params(served.config)
-    prompts = fit_prompt(served, req.template_messages, req.function_tools, params, None, "input")
+    prompts = _fit(req, served, history, params)
     plan = Plan(prompts=prompts, params=params, stream=bool(req.stream), tools=req.function_tools)
     run = run_for(None)  # no `max_queue_ms` in a Responses body: X-Max-Queue-Ms alone
     if plan.stream:
         pieces = generation.Pieces(run, plan.prompts, plan.params)
-        return sse.response(events.events(pieces, response, plan.tools))
+        return sse.response(events.events(pieces, response, plan.tools, keep))
     [seq] = generation.complete(run, plan.prompts, plan.params)
-    return jsonify(shape.whole(response, seq, plan.tools))
+    final = shape.whole(response, seq, plan.tools)
+    if keep is not None:
+        keep(final)
+    return jsonify(final)
+
+
+def _fit(req: Responses, served: Served, history: list[dict], params: SamplingParams) -> tuple[Prompt, ...]:
+    """The turn's one prompt after `history`; too long, a 400 naming `previous_response_id` where
+    the history made it so, unless `truncation` is auto: then its oldest turns go, a user
+    message first in what is kept, until it fits."""
+    while True:
+        param = PARAM if history else "input"
+        try:
+            return fit_prompt(served, req.messages_after(history), req.function_tools, params, None, param)
+        except ContextTooLong:
+            if not history or req.truncation != "auto":
+                raise
+        history = history[1:]
+        while history and not (history[0].get("type", "message") == "message" and history[0].get("role") == "user"):
+            history = history[1:]

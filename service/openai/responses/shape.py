@@ -12,8 +12,9 @@ from service.tools import parser
 from service.tools.spec import Tools
 
 
-def new_response(model: str, req: Responses) -> dict:
-    """The Response object as it starts: the fields the request decides, as it asked them."""
+def new_response(model: str, req: Responses, stored: bool) -> dict:
+    """The Response object as it starts: the fields the request decides, as it asked them;
+    `stored`: whether it will be kept."""
     asked = req.model_dump(by_alias=True, exclude_unset=True)
     body = {**asked, **(req.model_extra or {})}
     return {
@@ -30,8 +31,9 @@ def new_response(model: str, req: Responses) -> dict:
         "parallel_tool_calls": body.get("parallel_tool_calls", True) is not False,
         "text": {"format": (body.get("text") or {}).get("format") or {"type": "text"}},
         "metadata": body.get("metadata") or {},
-        "store": False,
-        "truncation": "disabled",
+        "store": stored,
+        "previous_response_id": req.previous_response_id,
+        "truncation": req.truncation or "disabled",
         "background": False,
         "error": None,
         "incomplete_details": None,
