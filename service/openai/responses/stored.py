@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 
 from sqlalchemy import delete, insert, select
 from sqlalchemy.engine import Engine
@@ -41,12 +42,12 @@ def with_ids(items: list[dict]) -> list[dict]:
 
 
 class ResponseStore:
-    def __init__(self, db: Engine, retention_s: int):
-        self.db, self.retention_s = db, retention_s
+    def __init__(self, db: Engine, retention_s: int, clock: Callable[[], float] = time.time):
+        self.db, self.retention_s, self.clock = db, retention_s, clock  # clock: a test's seam
 
     def add(self, owner: str, response: dict, items: list[dict]) -> None:
         """`response` (done) and its turn's own input `items`, in one transaction."""
-        now = int(time.time())
+        now = int(self.clock())
         size = len(json.dumps(response)) + len(json.dumps(items))
         row = {"id": response["id"], "owner": owner, "previous_id": response.get("previous_response_id")}
         row |= {"created_at": response["created_at"], "expires_at": now + self.retention_s}
@@ -56,7 +57,7 @@ class ResponseStore:
             db.execute(insert(responses).values(**row, input=items, response=response, bytes=size))
 
     def _row(self, db, owner: str, response_id: str):
-        now = int(time.time())
+        now = int(self.clock())
         query = select(responses.c.previous_id, responses.c.input, responses.c.response).where(
             responses.c.id == response_id, responses.c.owner == owner, responses.c.expires_at > now
         )

@@ -1,0 +1,103 @@
+"""The stored responses (service/openai/responses/stored.py) on a real SQLite database: a
+conversation read back in order, each key's own, kept for the retention and then gone, expired
+rows deleted by later writes, a conversation's length bounded. Time is the store's clock seam."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import func, select
+
+from service.errors import InvalidRequest
+from service.jobs import tables
+from service.openai.responses.stored import ResponseStore, with_ids
+from service.openai.storage import NotFound
+
+DAY = 86400
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def store(tmp_path, clock):
+    return ResponseStore(tables.connect(f"sqlite:///{tmp_path}/db.sqlite3"), retention_s=30 * DAY, clock=clock)
+
+
+def turn(store, owner, rid, said, answered, previous=None):
+    out = {"type": "message", "id": f"msg_{rid}", "role": "assistant", "status": "completed"}
+    out["content"] = [{"type": "output_text", "text": answered, "annotations": []}]
+    response = {"id": rid, "created_at": 0, "previous_response_id": previous, "output": [out]}
+    store.add(owner, response, with_ids([{"role": "user", "content": said}]))
+    return response
+
+
+def texts(items):
+    return [item["content"][0]["text"] for item in items]
+
+
+def rows(store) -> int:
+    with store.db.connect() as db:
+        return db.execute(select(func.count()).select_from(tables.responses)).scalar()
+
+
+def test_a_conversation_reads_back_oldest_first_each_item_with_an_id(store):
+    turn(store, "a", "r1", "Hi", "Hello")
+    turn(store, "a", "r2", "France?", "Paris", previous="r1")
+    turn(store, "a", "r3", "Germany?", "Berlin", previous="r2")
+    assert texts(store.history("a", "r3")) == ["Hi", "Hello", "France?", "Paris", "Germany?", "Berlin"]
+    items = store.input_items("a", "r3")
+    assert texts(items) == ["Hi", "Hello", "France?", "Paris", "Germany?"]
+    assert all(item["id"] for item in items) and len({item["id"] for item in items}) == len(items)
+    assert items[0]["content"] == [{"type": "input_text", "text": "Hi"}]
+    assert store.get("a", "r2")["output"][0]["content"][0]["text"] == "Paris"
+
+
+def test_another_keys_response_is_absent_everywhere(store):
+    turn(store, "a", "r1", "Hi", "Hello")
+    for read in (store.get, store.input_items, store.delete, store.history):
+        with pytest.raises(NotFound):
+            read("b", "r1")
+    assert store.get("a", "r1")["id"] == "r1"  # b's delete removed nothing
+
+
+def test_a_deleted_turn_breaks_the_conversation_after_it_with_a_404_naming_it(store):
+    turn(store, "a", "r1", "Hi", "Hello")
+    turn(store, "a", "r2", "France?", "Paris", previous="r1")
+    store.delete("a", "r1")
+    with pytest.raises(NotFound) as gone:
+        store.history("a", "r2")
+    assert gone.value.param == "previous_response_id" and "'r1'" in str(gone.value)
+    with pytest.raises(NotFound):
+        store.delete("a", "r1")
+
+
+def test_a_response_is_kept_for_the_retention_then_gone_and_later_writes_delete_it(store, clock):
+    turn(store, "a", "r1", "Hi", "Hello")
+    clock.now += 30 * DAY - 1
+    assert store.get("a", "r1")["id"] == "r1"
+    clock.now += 1
+    with pytest.raises(NotFound):
+        store.get("a", "r1")
+    assert rows(store) == 1  # expired, not yet deleted: no read shows it
+    turn(store, "a", "r2", "Hi again", "Hello")
+    assert rows(store) == 1  # the write deleted the expired row
+
+
+def test_a_conversation_longer_than_the_room_is_a_400_naming_previous_response_id(store):
+    previous = None
+    for n in range(4):
+        previous = turn(store, "a", f"r{n}", "Hi", "Hello", previous=previous)["id"]
+    assert len(store.history("a", previous, room=8)) == 8
+    with pytest.raises(InvalidRequest) as long:
+        store.history("a", previous, room=7)
+    assert long.value.param == "previous_response_id"
