@@ -118,7 +118,7 @@ def test_docs_openai_field_table_is_the_routes_tables():
 
 
 def test_docs_openai_responses_table_is_the_model():
-    rows = _table((DOCS / "openai.md").read_text(), "the Responses API, stateless")
+    rows = _table((DOCS / "openai.md").read_text(), "the Responses API, stored")
     documented = {name.split(".")[0] for row in rows for name in NAME.findall(row[0])}
     ignored = {name for row in rows if row[0] == "ignored" for name in NAME.findall(row[1])}
     assert set(names(Responses)) <= documented
