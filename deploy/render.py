@@ -64,6 +64,9 @@ def render(s: Settings, down: int | None = None) -> Path:
         "replicas": replicas,
         "nginx": require_tool("nginx"),
         "nginx_prefix": s.command_prefix("nginx"),
+        # each program's parent-death signal: a supervisord killed with SIGKILL (which it cannot
+        # pass on) still stops nginx and the gunicorns, which would otherwise serve on as orphans
+        "orphan_guard": f"{require_tool('setpriv')} --pdeathsig TERM -- ",
         "gunicorn": require_tool("gunicorn"),
         "max_fails": MAX_FAILS,
         "next_upstream_tries": NEXT_UPSTREAM_TRIES,

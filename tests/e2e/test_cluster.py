@@ -14,6 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import psutil
 import pytest
 import requests
 
@@ -301,3 +302,18 @@ def test_a_rolling_restart_under_load_loses_and_crosses_nothing(cluster):
         r"stopped: (replica\d) \(exit status (\d+)\)", (cluster.run_dir / "supervisord.log").read_text()
     )
     assert sorted(stopped) == [("replica1", "0")] * 2 + [("replica2", "0")] * 2, stopped
+
+
+def test_a_sigkill_of_supervisord_stops_everything_it_ran(cluster):
+    """supervisord cannot pass on a SIGKILL, and gives each program its own process group: without
+    the parent-death signal (deploy/render.py `orphan_guard`) nginx and the gunicorns, workers and
+    batch runners included, served on as orphans."""
+    supervisord = psutil.Process(int((cluster.run_dir / "supervisord.pid").read_text()))
+    programs = supervisord.children(recursive=True)
+    assert {p.name().split(":")[0] for p in programs} >= {"nginx", "gunicorn"}, programs  # "gunicorn: master"
+    supervisord.kill()
+    _, alive = psutil.wait_procs(programs, timeout=120)  # gunicorn drains an idle worker: seconds
+    for p in alive:  # what the fixture's stop, through a dead supervisord, cannot reach
+        p.kill()
+    assert not alive, [(p.pid, p.name()) for p in alive]
+    assert not any(healthy(url) for url in [cluster.url, *cluster.replica_urls])

@@ -75,8 +75,8 @@ def test_a_restarting_replica_is_marked_down_and_the_settings_are_kept_for_the_r
 
 def test_each_replica_binds_is_reached_and_runs_where_its_settings_place_it(rendered):
     """replica_hosts and prefixes (deploy/hosts.py's test hosts): replica i binds to its own host,
-    nginx's upstream names that host, and each program's command starts with its prefix; kept for
-    the rolling restart."""
+    nginx's upstream names that host, and each program's command starts with its prefix (after the
+    parent-death guard); kept for the rolling restart."""
     placed = dataclasses.replace(
         rendered,
         replica_hosts=("10.9.0.2", "10.9.0.3", "0.0.0.0"),
@@ -92,14 +92,15 @@ def test_each_replica_binds_is_reached_and_runs_where_its_settings_place_it(rend
     assert "server 127.0.0.1:9103 max_fails=" in nginx  # a wildcard is reached on loopback
     parser = configparser.RawConfigParser(inline_comment_prefixes=(";",))
     parser.read(placed.run_dir / "supervisord.conf")
-    assert parser.get("program:nginx", "command").startswith(f"ip netns exec lb {find_tool('nginx')} -c ")
+    guard = f"{find_tool('setpriv')} --pdeathsig TERM -- "
+    assert parser.get("program:nginx", "command").startswith(f"{guard}ip netns exec lb {find_tool('nginx')} -c ")
     for i, (host, prefix) in enumerate(
         [("10.9.0.2", "ip netns exec h1 "), ("10.9.0.3", "ip netns exec h2 "), ("0.0.0.0", "")], 1
     ):
         section = f"program:replica{i}"
         assert f'HOST="{host}"' in parser.get(section, "environment")
         command = parser.get(section, "command")
-        assert command.startswith(f"{prefix}{find_tool('gunicorn')} -c gunicorn.conf.py"), command
+        assert command.startswith(f"{guard}{prefix}{find_tool('gunicorn')} -c gunicorn.conf.py"), command
     with pytest.raises(ValueError, match="replica_hosts"):
         dataclasses.replace(rendered, replica_hosts=("10.9.0.2",))
     with pytest.raises(ValueError, match="replica4"):
