@@ -17,7 +17,7 @@ from pathlib import Path
 from batcher.checkpoint import resolve_model
 from batcher.profile import child, choose, show, store
 from batcher.profile import measure as profiling
-from bench import batch, measure, memory, peers, report, serve_client, soak, structured, wait
+from bench import batch, conversation, measure, memory, peers, report, serve_client, soak, structured, wait
 from deploy.server import SETTLED, Server
 from service.config import Config
 
@@ -90,6 +90,7 @@ class Bench:
 
     def ttft(self) -> None:
         self.res["ttft"] = [measure.ttft(self.srv, engine, 3) for engine in self.engines]
+        self.res["conversation_ttft"] = [conversation.ratio(self.srv.url, engine) for engine in self.engines]
 
     def structured(self) -> None:
         self.res["structured"] = [structured.cost(self.srv, engine, self.args.repeats) for engine in self.engines]

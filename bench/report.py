@@ -16,6 +16,7 @@ TITLES = {
     "round_model": "Static round model (round time = one BATCH_SIZE-prompt request)",
     "baselines": "Baselines (separate process, service stopped)",
     "ttft": "Time to first token (a one-prompt stream, median)",
+    "conversation_ttft": "Conversation (previous_response_id): first token of turn 1 and 10 (bench/conversation.py)",
     "structured": "Structured outputs: json_schema against none at equal work, per generated token",
     "tool_calls": "Tool calls: a named call's grammar (service/tools/spec.py) against none at equal work, per token",
     "grammar_compile": "Compiling that json_schema (batcher.grammar, in the bench process)",
