@@ -22,6 +22,7 @@ from service.jobs.metrics import BatchCollector
 from service.jobs.runner import BatchRunner
 from service.jobs.store import Store
 from service.openai import router as openai_router
+from service.openai.responses.background import Background
 from service.openai.responses.stored import ResponseStore
 from service.ops import live, openapi
 from service.ops import routes as ops_routes
@@ -78,6 +79,8 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
     )
     app_state(app).responses = ResponseStore(app_state(app).store.db, config.response_retention_s)
     app_state(app).runner = BatchRunner(app, app_state(app).store)
+    # one heartbeat per process: the batch runner's proves this worker's background runs alive too
+    app_state(app).background = Background(app, app_state(app).responses, app_state(app).runner.worker)
     metrics.registry.register(BatchCollector(app_state(app).store))  # batch lines and batches, read when scraped
 
     for blueprint in (ops_routes.bp, live.bp, page.bp, openapi.bp):
@@ -94,6 +97,7 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
         static_engine.start()
         vllm_engine.start()
         app_state(app).runner.start()
+        app_state(app).background.start()
     return app
 
 
@@ -111,6 +115,7 @@ def shutdown(app: Flask, timeout: float = 30.0) -> dict[str, tuple[int, int]]:
     for eng in engines.values():
         eng.wait_drained(max(0.0, deadline - time.monotonic()))
     state.runner.stop(max(1.0, deadline - time.monotonic()))
+    state.background.stop(max(1.0, deadline - time.monotonic()))
     counts = {}
     for name, eng in engines.items():
         eng.stop(max(1.0, deadline - time.monotonic()))
@@ -132,6 +137,7 @@ def begin_shutdown(app: Flask) -> None:
     work from now on (503 `shutting_down`, /health 503 "draining"); what it holds goes on."""
     state = app_state(app)
     state.runner.halt()  # no new batch line; the ones in flight drain with the engines
+    state.background.halt()  # no new background run; one the drain cuts goes back to queued
     for eng in state.engines.values():
         eng.begin_drain()
 

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from service.http.inflight import InflightGate
     from service.jobs.runner import BatchRunner
     from service.jobs.store import Store
+    from service.openai.responses.background import Background
     from service.openai.responses.stored import ResponseStore
 
 KEY = "service"  # its one place in Flask's `app.extensions`
@@ -34,6 +35,7 @@ class AppState:
     load_tokenizer: Callable[[], Any]  # cached: loaded on first use, once
     store: Store | None = None  # files and batch jobs (service/jobs/store.py)
     responses: ResponseStore | None = None  # the Responses API's stored ones, in the store's database
+    background: Background | None = None  # runs the background responses (service/openai/responses/background.py)
     runner: BatchRunner | None = None  # runs the batches' lines (service/jobs/runner.py)
     inflight: InflightGate | None = None  # the cap on generate requests (service/http/inflight.py)
     openapi: bytes | None = None  # /openapi.json, built at its first request (service/ops/openapi.py)

@@ -93,8 +93,23 @@ responses = Table(
     Column("created_at", BigInteger, nullable=False),
     Column("expires_at", BigInteger, nullable=False, index=True),
     Column("input", JSON, nullable=False),  # this turn's input items, each with its id
-    Column("response", JSON, nullable=False),  # the response object, as the client got it
+    Column("response", JSON, nullable=False),  # the response object, as the client got it (or will)
     Column("bytes", Integer, nullable=False),  # of both, as JSON
+    # a background one's (service/openai/responses/background.py): its run, as batch lines are
+    Column("status", String(16), nullable=False, index=True),  # queued | in_progress | completed | ...
+    Column("engine", String(16)),  # "vllm" (/v1) or "static" (/static/v1)
+    Column("body", JSON),  # the request, run by a worker
+    Column("claim", String(64)),  # the run that may write its events and its end
+    Column("worker", String(128)),  # who holds the claim (workers.id)
+)
+
+# a background response's events, each as its stream sent it, in order (`sequence_number`)
+response_events = Table(
+    "response_events",
+    metadata,
+    Column("response_id", String(64), primary_key=True),
+    Column("seq", Integer, primary_key=True),
+    Column("text", Text, nullable=False),
 )
 
 workers = Table(

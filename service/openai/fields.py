@@ -166,7 +166,6 @@ RESPONSES: dict[str, Rule] = {
     **honoured(Responses),
     **dict.fromkeys("metadata user safety_identifier prompt_cache_key service_tier stream_options".split(), IGNORED),
     "conversation": refused(why="a conversation here is a chain of responses: 'previous_response_id'"),
-    "background": refused(False, why="a response is made while its request waits"),
     "include": refused([], why="a response carries its output alone"),
 }
 

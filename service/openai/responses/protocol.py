@@ -105,6 +105,16 @@ class ItemList(BaseModel):
     order: Literal["asc", "desc"] = Field("desc", description="desc: the newest item first")
 
 
+class Retrieve(BaseModel):
+    """`GET /responses/{id}`: the response, or (a background one) its events again."""
+
+    model_config = ConfigDict(extra="forbid")
+    stream: bool = Field(False, description="its events: those past starting_after, then each new one")
+    starting_after: int | None = Field(None, ge=-1, description="a sequence_number: the events after it")
+    include: str | None = Field(None, description="ignored: a response here carries its output alone")
+    include_obfuscation: bool | None = Field(None, description="ignored: no obfuscation is added")
+
+
 class Responses(Strict):
     """`POST /v1/responses`: every field outside these (and responses.IGNORED) is a 400."""
 
@@ -124,6 +134,7 @@ class Responses(Strict):
     store: Flag | None = Field(None, description="kept to read and continue (default true)")
     previous_response_id: Annotated[str, Field(min_length=1, max_length=64)] | None = None
     truncation: Literal["auto", "disabled"] | None = Field(None, description="auto: drop the oldest turns to fit")
+    background: Flag | None = Field(None, description="answer at once (queued); a worker runs it, stored")
 
     _template_messages: list[dict] = PrivateAttr(default_factory=list)
     _tools: tool_spec.Tools | None = PrivateAttr(None)
@@ -131,6 +142,8 @@ class Responses(Strict):
 
     @model_validator(mode="after")
     def _across_fields(self, info: ValidationInfo):
+        if self.background and self.store is False:
+            raise InvalidRequest("'background' responses are stored: leave 'store' true", param="background")
         self._template_messages = self._messages()
         functions = [(t.name, t.description, t.parameters) for t in self.tools or []]
         named = self.tool_choice.name if isinstance(self.tool_choice, NamedFunction) else None

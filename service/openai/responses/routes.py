@@ -9,11 +9,12 @@ import functools
 from flask import jsonify, request
 
 from service.errors import InvalidRequest
-from service.http import lookup
+from service.http import lookup, sse
 from service.http.body import json_body
 from service.openai import fields, storage
 from service.openai.responses import serving
-from service.openai.responses.protocol import ItemList, Responses
+from service.openai.responses.follow import follow
+from service.openai.responses.protocol import ItemList, Responses, Retrieve
 from service.openai.responses.stored import PARAM, ResponseStore, with_ids
 from service.protocol import validate
 
@@ -27,18 +28,27 @@ def _stored() -> tuple[ResponseStore, str]:
 
 
 def create_response(engine: str):
-    req = fields.parse(json_body(request), Responses, "responses", lookup.config())
+    body = json_body(request)
+    req = fields.parse(body, Responses, "responses", lookup.config())
     served = lookup.served()
     served.check_model(req.model)
     history, keep = [], None
     if lookup.batch_line():  # run under the service's own key: it neither reads nor keeps one of a caller's
-        if req.previous_response_id is not None:
-            raise InvalidRequest("a batch line cannot continue a stored response", param=PARAM)
+        if req.previous_response_id is not None or req.background:
+            field = PARAM if req.previous_response_id is not None else "background"
+            raise InvalidRequest("a batch line neither continues nor keeps a stored response", param=field)
     elif req.store is not False or req.previous_response_id is not None:
         responses, owner = _stored()
         history = responses.history(owner, req.previous_response_id) if req.previous_response_id else []
+        items = with_ids(req.own_items())
+        if req.background:  # checked here (its 400s now), run by a worker (background.py)
+            response = serving.queue(req, served, history)
+            responses.add(owner, response, items, engine=engine, body=body)
+            lookup.state().background.kick()
+            if req.stream:
+                return sse.response(follow(responses, owner, response["id"], -1))
+            return jsonify(response)
         if req.store is not False:
-            items = with_ids(req.own_items())
             keep = functools.partial(_keep, responses, owner, items)
     return serving.create_response(req, served, functools.partial(lookup.run, engine), history, keep)
 
@@ -48,8 +58,15 @@ def _keep(responses: ResponseStore, owner: str, items: list[dict], response: dic
 
 
 def retrieve_response(engine: str, response_id: str):
+    query = validate(Retrieve, request.args.to_dict(), lookup.config())
     responses, owner = _stored()
-    return jsonify(responses.get(owner, response_id))
+    found = responses.get(owner, response_id)
+    if not query.stream:
+        return jsonify(found)
+    if not found.get("background"):
+        raise InvalidRequest("only a background response's events are kept to stream again", param="stream")
+    after = -1 if query.starting_after is None else query.starting_after
+    return sse.response(follow(responses, owner, response_id, after))
 
 
 def delete_response(engine: str, response_id: str):
@@ -75,8 +92,7 @@ def list_input_items(engine: str, response_id: str):
 
 def cancel_response(engine: str, response_id: str):
     responses, owner = _stored()
-    responses.get(owner, response_id)  # another key's, or none: a 404 first
-    raise InvalidRequest("Only responses created with background=true can be cancelled.", param="response_id")
+    return jsonify(responses.cancel(owner, response_id))
 
 
 # storage: no prompt runs behind these

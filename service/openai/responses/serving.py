@@ -7,13 +7,15 @@ reply is one `response` object (shape.py), or its events (events.py), kept by `k
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from flask import Response, jsonify
 
 from batcher.sampling import SamplingParams
 from batcher.sequence import Prompt
 from service import generation
 from service.context_length import ContextTooLong
-from service.generation import RunFor
+from service.generation import Run, RunFor
 from service.http import sse
 from service.openai.chat.template import fit_prompt
 from service.openai.responses import events, shape
@@ -27,18 +29,33 @@ def create_response(
     req: Responses, served: Served, run_for: RunFor, history: list[dict], keep: Keep | None
 ) -> Response:
     response = shape.new_response(served.config.model_name, req, stored=keep is not None)
-    params = req.to_sampling_params(served.config)
-    prompts = _fit(req, served, history, params)
-    plan = Plan(prompts=prompts, params=params, stream=bool(req.stream), tools=req.function_tools)
+    plan = prepare(req, served, history)
     run = run_for(None)  # no `max_queue_ms` in a Responses body: X-Max-Queue-Ms alone
     if plan.stream:
-        pieces = generation.Pieces(run, plan.prompts, plan.params)
-        return sse.response(events.events(pieces, response, plan.tools, keep))
+        return sse.response(stream(run, plan, response, keep))
     [seq] = generation.complete(run, plan.prompts, plan.params)
     final = shape.whole(response, seq, plan.tools)
     if keep is not None:
         keep(final)
     return jsonify(final)
+
+
+def queue(req: Responses, served: Served, history: list[dict]) -> dict:
+    """A background turn as it is answered at once: queued, its prompt checked (its 400s now)."""
+    prepare(req, served, history)
+    return shape.new_response(served.config.model_name, req, stored=True)
+
+
+def prepare(req: Responses, served: Served, history: list[dict]) -> Plan:
+    """What the turn runs: its one prompt after `history`, its sampling, its tools."""
+    params = req.to_sampling_params(served.config)
+    prompts = _fit(req, served, history, params)
+    return Plan(prompts=prompts, params=params, stream=bool(req.stream), tools=req.function_tools)
+
+
+def stream(run: Run, plan: Plan, response: dict, keep: Keep | None) -> Iterator[str]:
+    """The turn's events; an error before its first piece raises here (a plain HTTP error)."""
+    return events.events(generation.Pieces(run, plan.prompts, plan.params), response, plan.tools, keep)
 
 
 def _fit(req: Responses, served: Served, history: list[dict], params: SamplingParams) -> tuple[Prompt, ...]:

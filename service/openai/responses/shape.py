@@ -13,8 +13,8 @@ from service.tools.spec import Tools
 
 
 def new_response(model: str, req: Responses, stored: bool) -> dict:
-    """The Response object as it starts: the fields the request decides, as it asked them;
-    `stored`: whether it will be kept."""
+    """The Response object as it starts (a background one: queued): the fields the request
+    decides, as it asked them; `stored`: whether it will be kept."""
     asked = req.model_dump(by_alias=True, exclude_unset=True)
     body = {**asked, **(req.model_extra or {})}
     return {
@@ -34,11 +34,11 @@ def new_response(model: str, req: Responses, stored: bool) -> dict:
         "store": stored,
         "previous_response_id": req.previous_response_id,
         "truncation": req.truncation or "disabled",
-        "background": False,
+        "background": bool(req.background),
         "error": None,
         "incomplete_details": None,
         "usage": None,
-        "status": "in_progress",
+        "status": "queued" if req.background else "in_progress",
         "output": [],
     }
 

@@ -12,18 +12,21 @@ import json
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import delete, insert, select, update
 from sqlalchemy.engine import Engine
 
 from service.errors import InvalidRequest
 from service.jobs import tables
-from service.jobs.tables import responses
+from service.jobs.lines import STALE_S
+from service.jobs.tables import response_events, responses, workers
 from service.openai.storage import NotFound
 from service.protocol.limits import MAX_MESSAGES
 
 PRUNE_AT_ONCE = 100  # expired rows deleted by each write: the table never grows past retention for long
 PARAM = "previous_response_id"
+RUNNING = ("queued", "in_progress")  # a background response's states before its end
 
 
 def with_ids(items: list[dict]) -> list[dict]:
@@ -45,34 +48,42 @@ class ResponseStore:
     def __init__(self, db: Engine, retention_s: int, clock: Callable[[], float] = time.time):
         self.db, self.retention_s, self.clock = db, retention_s, clock  # clock: a test's seam
 
-    def add(self, owner: str, response: dict, items: list[dict]) -> None:
-        """`response` (done) and its turn's own input `items`, in one transaction."""
+    def add(self, owner: str, response: dict, items: list[dict], engine: str | None = None, body=None) -> None:
+        """`response` and its turn's own input `items`, in one transaction: done, or (a background
+        one, with its `engine` and request `body`) queued for a worker (background.py)."""
         now = int(self.clock())
         size = len(json.dumps(response)) + len(json.dumps(items))
         row = {"id": response["id"], "owner": owner, "previous_id": response.get("previous_response_id")}
         row |= {"created_at": response["created_at"], "expires_at": now + self.retention_s}
-        expired = select(responses.c.id).where(responses.c.expires_at <= now).limit(PRUNE_AT_ONCE)
+        row |= {"status": response["status"], "engine": engine, "body": body}
+        expired = select(responses.c.id).where(responses.c.expires_at <= now).limit(PRUNE_AT_ONCE).scalar_subquery()
         with tables.writing(self.db) as db:
-            db.execute(delete(responses).where(responses.c.id.in_(expired.scalar_subquery())))
+            db.execute(delete(response_events).where(response_events.c.response_id.in_(expired)))
+            db.execute(delete(responses).where(responses.c.id.in_(expired)))
             db.execute(insert(responses).values(**row, input=items, response=response, bytes=size))
 
     def _row(self, db, owner: str, response_id: str):
         now = int(self.clock())
-        query = select(responses.c.previous_id, responses.c.input, responses.c.response).where(
+        columns = (responses.c.previous_id, responses.c.input, responses.c.response, responses.c.status)
+        query = select(*columns, responses.c.claim).where(
             responses.c.id == response_id, responses.c.owner == owner, responses.c.expires_at > now
         )
         return db.execute(query).first()
 
     def get(self, owner: str, response_id: str) -> dict:
+        """The response as it is now (a background one's status as its run left it)."""
         with self.db.connect() as db:
             row = self._row(db, owner, response_id)
         if row is None:
             raise NotFound(f"No response found with id '{response_id}'.")
-        return row.response
+        return {**row.response, "status": row.status}
 
     def delete(self, owner: str, response_id: str) -> None:
+        """Gone, its events too (a run still at work stops at its next event: its claim is gone)."""
         with self.db.begin() as db:
             gone = db.execute(delete(responses).where(responses.c.id == response_id, responses.c.owner == owner))
+            if gone.rowcount:
+                db.execute(delete(response_events).where(response_events.c.response_id == response_id))
         if gone.rowcount == 0:
             raise NotFound(f"No response found with id '{response_id}'.")
 
@@ -88,6 +99,9 @@ class ResponseStore:
                     which = "" if next_id == previous_id else f" (an earlier turn of it, '{next_id}')"
                     message = f"Previous response with id '{previous_id}' not found{which}."
                     raise NotFound(message, param=PARAM)
+                if row.status in RUNNING:
+                    message = f"Previous response '{next_id}' is still {row.status}: wait until it is done"
+                    raise InvalidRequest(message, param=PARAM)
                 turn = [*row.input, *row.response["output"]]
                 count += len(turn)
                 if count > room:
@@ -104,3 +118,87 @@ class ResponseStore:
         if row is None:
             raise NotFound(f"No response found with id '{response_id}'.")
         return [*self.history(owner, row.previous_id, room=1 << 30), *row.input]
+
+    # --- background runs (background.py): claimed as batch lines are, by a live worker ----------
+    def claim(self, worker: str, engines: list[str]) -> Job | None:
+        """The oldest queued background response on one of `engines` for `worker`, or one whose
+        worker went silent (STALE_S): its events so far are dropped, it runs again from the start."""
+        token, now = uuid.uuid4().hex, int(self.clock())
+        alive = select(workers.c.id).where(workers.c.seen_at >= time.time() - STALE_S)
+        free = (responses.c.status == "queued") | (
+            (responses.c.status == "in_progress") & responses.c.worker.not_in(alive)
+        )
+        picked = select(responses.c.id).where(free, responses.c.engine.in_(engines), responses.c.expires_at > now)
+        picked = picked.order_by(responses.c.created_at).limit(1).with_for_update(skip_locked=True, of=responses)
+        picked = picked.cte("picked")  # run once (lines.py `claim` says why)
+        taking = update(responses).where(responses.c.id.in_(select(picked.c.id)), free)
+        with tables.writing(self.db) as db:
+            # not its rowcount: sqlite3 gives -1 for a statement that starts WITH
+            db.execute(taking.values(status="in_progress", claim=token, worker=worker))
+            columns = (responses.c.id, responses.c.owner, responses.c.engine, responses.c.body, responses.c.response)
+            row = db.execute(select(*columns).where(responses.c.claim == token)).first()
+            if row is None:
+                return None
+            db.execute(delete(response_events).where(response_events.c.response_id == row.id))
+        return Job(row.id, token, row.owner, row.engine, row.body, row.response)
+
+    def _held(self, db, job: Job):
+        """A write that takes the row's lock, where `job`'s claim still holds it running."""
+        held = update(responses).where(
+            responses.c.id == job.id, responses.c.claim == job.claim, responses.c.status == "in_progress"
+        )
+        return db.execute(held.values(claim=job.claim)).rowcount > 0
+
+    def record(self, job: Job, seq: int, text: str, end: dict | None = None) -> bool:
+        """The run's event `seq` (and with `end`, the response it ends with, in the same
+        transaction); False once its claim is gone (cancelled, deleted, taken over): it stops."""
+        with tables.writing(self.db) as db:
+            if not self._held(db, job):
+                return False
+            db.execute(insert(response_events).values(response_id=job.id, seq=seq, text=text))
+            if end is not None:
+                done = update(responses).where(responses.c.id == job.id)
+                db.execute(done.values(status=end["status"], response=end, worker=None))
+        return True
+
+    def release(self, job: Job) -> None:
+        """Back to queued (its engine could not take it now): another turn, or worker, tries again."""
+        with tables.writing(self.db) as db:
+            if self._held(db, job):
+                db.execute(delete(response_events).where(response_events.c.response_id == job.id))
+                back = update(responses).where(responses.c.id == job.id)
+                db.execute(back.values(status="queued", claim=None, worker=None))
+
+    def cancel(self, owner: str, response_id: str) -> dict:
+        """A background response queued or running: cancelled (its run stops at its next event);
+        one already done stays as it is. Another one: a 400."""
+        if not self.get(owner, response_id).get("background"):
+            raise InvalidRequest("Only responses created with background=true can be cancelled.", param="response_id")
+        stop = update(responses).where(responses.c.id == response_id, responses.c.status.in_(RUNNING))
+        with tables.writing(self.db) as db:
+            db.execute(stop.values(status="cancelled", worker=None))
+        return self.get(owner, response_id)
+
+    def events(self, owner: str, response_id: str, after: int) -> tuple[list[tuple[int, str]], str, str | None]:
+        """A background response's events past `after`, then its status and claim."""
+        query = select(response_events.c.seq, response_events.c.text).where(
+            response_events.c.response_id == response_id, response_events.c.seq > after
+        )
+        with self.db.connect() as db:
+            row = self._row(db, owner, response_id)
+            if row is None:
+                raise NotFound(f"No response found with id '{response_id}'.")
+            found = [tuple(r) for r in db.execute(query.order_by(response_events.c.seq))]
+        return found, row.status, row.claim
+
+
+@dataclass(frozen=True)
+class Job:
+    """A background response claimed by a worker's run."""
+
+    id: str
+    claim: str
+    owner: str
+    engine: str
+    body: dict
+    response: dict
