@@ -245,7 +245,7 @@ def test_responses_parse_returns_the_model(sdk):
 @BASES
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("background", True), ("conversation", "conv_1"), ("reasoning", {"effort": "low"}), ("max_tool_calls", 2)],
+    [("include", ["usage"]), ("conversation", "conv_1"), ("reasoning", {"effort": "low"}), ("max_tool_calls", 2)],
 )
 def test_unimplemented_responses_fields_are_a_400_naming_them(server, sdk, field, value):
     with pytest.raises(openai.BadRequestError) as refused:
