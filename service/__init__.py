@@ -26,6 +26,7 @@ from service.openai.responses.background import Background
 from service.openai.responses.stored import ResponseStore
 from service.ops import live, openapi
 from service.ops import routes as ops_routes
+from service.plan import Served
 
 log = logging.getLogger(__name__)
 
@@ -67,21 +68,25 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
 
     static_engine = StaticWorker(static_settings, metrics=metrics)
     vllm_engine = VLLMWorker(vllm_settings, context=app.test_request_context, metrics=metrics)
-    app.extensions[KEY] = AppState(
+    engines = {"static": static_engine, "vllm": vllm_engine}
+    store = Store(config.database)
+    state = AppState(
         config=config,
-        engines={"static": static_engine, "vllm": vllm_engine},
+        engines=engines,
         metrics=metrics,
         model_path=path,
         started_at=int(time.time()),
         # for chat templates (the same rendering for both engines); loaded on first use
         load_tokenizer=functools.cache(lambda: AutoTokenizer.from_pretrained(path)),
-        store=Store(config.database),
+        store=store,
+        responses=ResponseStore(store.db, config.response_retention_s),
     )
-    app_state(app).responses = ResponseStore(app_state(app).store.db, config.response_retention_s)
-    app_state(app).runner = BatchRunner(app, app_state(app).store)
+    app.extensions[KEY] = state
+    state.runner = BatchRunner(app, store, config, engines)
     # one heartbeat per process: the batch runner's proves this worker's background runs alive too
-    app_state(app).background = Background(app, app_state(app).responses, app_state(app).runner.worker)
-    metrics.registry.register(BatchCollector(app_state(app).store))  # batch lines and batches, read when scraped
+    served = lambda: Served(config, state.tokenizer)  # noqa: E731
+    state.background = Background(state.responses, state.runner.worker, served, engines)
+    metrics.registry.register(BatchCollector(store))  # batch lines and batches, read when scraped
 
     for blueprint in (ops_routes.bp, live.bp, page.bp, openapi.bp):
         app.register_blueprint(blueprint)
@@ -96,8 +101,8 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
     if start:
         static_engine.start()
         vllm_engine.start()
-        app_state(app).runner.start()
-        app_state(app).background.start()
+        state.runner.start()
+        state.background.start()
     return app
 
 

@@ -12,11 +12,8 @@ from service.config import Config
 from service.generation import Engine, Run
 from service.http import admission
 from service.http.state import AppState, current
+from service.jobs.runner import BATCH_LINE
 from service.plan import Served
-
-# The WSGI environ key that marks a batch line's request (service/jobs/runner.py sets it on the
-# app's own test client): an environ key, not a header, so that no HTTP client can forge it.
-BATCH_LINE = "service.batch_line"
 
 
 def state() -> AppState:

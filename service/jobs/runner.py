@@ -25,8 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from flask import Flask
 
+from batcher.engine import EngineThread
 from service.config import Config
-from service.http.lookup import BATCH_LINE
 from service.jobs import input_file
 from service.jobs.lines import STALE_S, Lines
 from service.jobs.store import BatchRecord, Store
@@ -37,6 +37,9 @@ TURN_S = 0.5  # the longest a runner sleeps between turns; a finished line or a 
 PREFIXES = {"vllm": "/v1", "static": "/static/v1"}  # the engine a batch runs on, by its base URL
 QUIET_S = 1.0  # interactive work gone this long: a lull between a client's requests is not spare room
 RETRY = {429, 503}  # busy, or not serving now: the line goes back, another turn tries again
+# The WSGI environ key that marks a batch line's request (set on the app's own test client): an
+# environ key, not a header, so that no HTTP client can forge it (service/http/lookup.py reads it)
+BATCH_LINE = "service.batch_line"
 NO_STREAM = {"code": "invalid_request", "message": "'stream' is not supported in a batch", "param": "stream"}
 
 
@@ -55,17 +58,16 @@ def batch_width(engine: str, config: Config, *, quiet_s: float) -> int:
 
 
 class BatchRunner:
-    def __init__(self, app: Flask, store: Store):
-        from service.http.state import app_state  # the state module imports this one's type
-
-        self.app, self.store, self.state = app, store, app_state(app)
+    def __init__(self, app: Flask, store: Store, config: Config, engines: dict[str, EngineThread]):
+        """`app`: what runs each line (its own test client); `engines`: each line's room."""
+        self.app, self.store, self.config, self.engines = app, store, config, engines
         self.lines = Lines(store.db)
         self.worker = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._in_flight = dict.fromkeys(PREFIXES, 0)  # lines of ours in each engine now
         self._lock = threading.Lock()
         self._stop, self._kick = threading.Event(), threading.Event()
         self._turned = threading.Condition()  # notified after every turn: wait_for() waits on it
-        most = self.state.config.batch_size + self.state.config.vllm_max_num_seqs  # both engines' room, full
+        most = self.config.batch_size + self.config.vllm_max_num_seqs  # both engines' room, full
         self._pool = ThreadPoolExecutor(max_workers=most, thread_name_prefix="batch-line")
         self._thread = threading.Thread(target=self._loop, name="batch-runner", daemon=True)
 
@@ -133,12 +135,12 @@ class BatchRunner:
 
     def _validate(self, batch: BatchRecord) -> None:
         content = self.store.content(batch.owner, batch.input_file_id)
-        if self.state.engines[batch.engine].status == "disabled":
+        if self.engines[batch.engine].status == "disabled":
             return  # another replica's to run (this one refuses such a batch at its creation)
         if content is None:
             faults = [{"code": "file_not_found", "message": "the input file was deleted", "param": "input_file_id"}]
         else:
-            requests, faults = input_file.read(content, batch.endpoint, self.state.config.max_batch_lines)
+            requests, faults = input_file.read(content, batch.endpoint, self.config.max_batch_lines)
         if faults:
             self.store.move(batch.id, "failed", only_from=("validating",), errors=faults)
             return
@@ -147,10 +149,10 @@ class BatchRunner:
 
     def _room(self, engine: str) -> int:
         """How many more of our lines the engine takes now: none while anything waits in its queue."""
-        eng = self.state.engines[engine]
+        eng = self.engines[engine]
         if not eng.ready or eng.draining or eng.queued() > 0:
             return 0
-        limit = batch_width(engine, self.state.config, quiet_s=eng.workload.interactive_quiet_s())
+        limit = batch_width(engine, self.config, quiet_s=eng.workload.interactive_quiet_s())
         with self._lock:
             return max(0, limit - self._in_flight[engine])
 
@@ -175,8 +177,8 @@ class BatchRunner:
                 return
             path = PREFIXES[batch.engine] + batch.endpoint.removeprefix("/v1")
             headers = {"X-Request-Id": f"{batch.id}-{line_no}"}
-            if self.state.config.api_keys:  # the route wants a key; any of the service's own does
-                headers["Authorization"] = f"Bearer {self.state.config.api_keys[0]}"
+            if self.config.api_keys:  # the route wants a key; any of the service's own does
+                headers["Authorization"] = f"Bearer {self.config.api_keys[0]}"
             # marked in the environ, which no HTTP client can set: the line runs at the lowest priority
             reply = self.app.test_client().post(path, json=body, headers=headers, environ_overrides={BATCH_LINE: True})
             if reply.status_code in RETRY:

@@ -12,8 +12,8 @@ import threading
 import pytest
 
 from batcher.sequence import Priority, Sequence
-from service.http.lookup import BATCH_LINE
 from service.http.state import app_state
+from service.jobs.runner import BATCH_LINE
 from tests.helpers import wait_until
 from tests.helpers.apps import static_app
 

@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from service.http.lookup import BATCH_LINE
+from service.jobs.runner import BATCH_LINE
 from tests.helpers import BASES, MODEL
 from tests.helpers.apps import post, static_app
 

@@ -15,31 +15,31 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from flask import Flask
-
 from batcher.errors import EngineError
+from batcher.sequence import Priority
 from service import errors
 from service.errors import ApiError
-from service.http import lookup
-from service.http.state import app_state
+from service.generation import Engine, Run
 from service.openai import fields
 from service.openai.responses import serving
 from service.openai.responses.protocol import Responses
 from service.openai.responses.stored import Job, ResponseStore
+from service.plan import Served
 
 log = logging.getLogger(__name__)
 
 TURN_S = 0.5  # the longest the thread sleeps between looks for queued responses; a new one wakes it
 AT_ONCE = 16  # runs in flight in one worker: each waits in its engine's queue as a request does
-BASES = {"vllm": "/v1", "static": "/static/v1"}
 RETRY = {429, 503}  # the engine is full or not serving now: back to queued
 
 
 class Background:
-    def __init__(self, app: Flask, store: ResponseStore, worker: str):
-        self.app, self.store, self.worker = app, store, worker
+    def __init__(self, store: ResponseStore, worker: str, served: Callable[[], Served], engines: dict[str, Engine]):
+        """`worker`: this process's id in the heartbeats; `served`: the settings and tokenizer."""
+        self.store, self.worker, self.served, self.engines = store, worker, served, engines
         self._stop, self._kick = threading.Event(), threading.Event()
         self._in_flight = 0
         self._lock = threading.Lock()
@@ -75,7 +75,7 @@ class Background:
             self._kick.clear()
 
     def _turn(self) -> None:
-        ready = [name for name, engine in app_state(self.app).engines.items() if _available(engine)]
+        ready = [name for name, engine in self.engines.items() if _available(engine)]
         while ready and not self._stop.is_set():
             with self._lock:
                 if self._in_flight >= AT_ONCE:
@@ -90,8 +90,7 @@ class Background:
 
     def _run(self, job: Job) -> None:
         try:
-            with self.app.test_request_context(f"{BASES[job.engine]}/responses", method="POST"):
-                self._events(job)
+            self._events(job)
         except (ApiError, EngineError) as exc:
             status, code = errors.describe(exc)
             if status in RETRY:
@@ -109,12 +108,14 @@ class Background:
 
     def _events(self, job: Job) -> None:
         """The turn, as its request asked, its events recorded as they come."""
-        served = lookup.served()
+        served = self.served()
         req = fields.parse(job.body, Responses, "responses", served.config)
         history = self.store.history(job.owner, req.previous_response_id) if req.previous_response_id else []
         plan = serving.prepare(req, served, history)
         ended: list[dict] = []  # the response once done: written with the last event
-        stream = serving.stream(lookup.run(job.engine), plan, {**job.response, "status": "in_progress"}, ended.append)
+        # an interactive request's way to its engine, without a request's deadline header
+        run = Run(self.engines[job.engine], served.config.request_timeout_s, None, served.config, Priority.INTERACTIVE)
+        stream = serving.stream(run, plan, {**job.response, "status": "in_progress"}, ended.append)
         try:
             for seq, text in enumerate(stream):
                 if not self.store.record(job, seq, text, ended[0] if ended else None):
