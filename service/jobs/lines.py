@@ -19,6 +19,9 @@ from service.jobs.input_file import Request
 from service.jobs.tables import batches, lines, workers
 
 STALE_S = 10.0  # a worker that beat longer ago than this is gone: its claims go back
+# a worker silent this long is forgotten (its row deleted by a live one's heartbeat): a row absent
+# is as dead as a stale one, so the table holds the live workers and the recently gone, no more
+FORGET_S = 3600.0
 
 
 class Lines:
@@ -49,6 +52,7 @@ class Lines:
         with self.db.begin() as db:
             if db.execute(update(workers).where(workers.c.id == worker).values(seen_at=now)).rowcount == 0:
                 db.execute(insert(workers).values(id=worker, seen_at=now))
+                db.execute(workers.delete().where(workers.c.seen_at < now - FORGET_S))  # at a new worker's first beat
 
     def claim(self, batch_id: str, worker: str, count: int) -> tuple[str, list[tuple[int, str, dict]]]:
         """Up to `count` of the batch's lines for `worker`: pending ones, or ones whose worker has

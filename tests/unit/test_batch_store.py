@@ -4,13 +4,14 @@ file's faults, and the lines' claims (a dead worker's lines go back; a result co
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
-from sqlalchemy import event
+from sqlalchemy import event, select
 
 from service.errors import StorageFull
-from service.jobs import input_file
-from service.jobs.lines import Lines
+from service.jobs import input_file, tables
+from service.jobs.lines import FORGET_S, Lines
 from service.jobs.store import Store, owner_of
 
 pytestmark = pytest.mark.unit
@@ -106,6 +107,18 @@ def test_a_dead_workers_lines_go_back_and_a_result_counts_once(store):
     assert [x["custom_id"] for x in out] == ["0", "1", "2"] and [x["custom_id"] for x in err] == ["3"]
     assert out[0]["response"] == {"status_code": 200, "request_id": "r1", "body": {"n": 1}}
     assert err[0]["response"]["status_code"] == 400 and err[0]["error"] is None
+
+
+def test_a_worker_silent_for_an_hour_is_forgotten_when_a_new_one_first_beats(store, monkeypatch):
+    lines = Lines(store.db)
+    lines.heartbeat("gone")
+    lines.heartbeat("alive")
+    later = time.time() + FORGET_S + 1
+    monkeypatch.setattr(time, "time", lambda: later)
+    lines.heartbeat("alive")
+    lines.heartbeat("new")
+    with store.db.connect() as db:
+        assert sorted(db.execute(select(tables.workers.c.id)).scalars()) == ["alive", "new"]
 
 
 def test_a_line_handed_back_runs_again(store):
