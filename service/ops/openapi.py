@@ -50,6 +50,24 @@ GETS = {
     "list_files": "this key's files (OpenAI's cursor page: after, limit, order, purpose)",
     "list_batches": "this key's batches, newest first (OpenAI's cursor page: after, limit)",
 }
+# the routes that name one thing by its id (no body): (method, view) -> what it does
+BY_ID = {
+    ("get", "retrieve_file"): "the file's object",
+    ("get", "file_content"): "the file's bytes as uploaded or written",
+    ("delete", "delete_file"): "the file deleted",
+    ("get", "retrieve_batch"): "the batch's object",
+    ("post", "cancel_batch"): "cancelling: its running lines finish, the rest end cancelled",
+    ("get", "retrieve_response"): "a stored response (query: stream, starting_after: a background one's events again)",
+    ("delete", "delete_response"): "the stored response deleted",
+    ("get", "list_input_items"): "the items it read (OpenAI's cursor page: after, limit, order)",
+    ("post", "cancel_response"): "a background response cancelled",
+}
+# POST /files: a multipart form (Upload's fields and the file, at most MAX_FILE_BYTES)
+UPLOAD = {
+    "type": "object",
+    "properties": {"purpose": {"type": "string", "enum": ["batch"]}, "file": {"type": "string", "format": "binary"}},
+    "required": ["purpose", "file"],
+}
 
 
 class DemoError(BaseModel):
@@ -91,10 +109,7 @@ def _openai_shaped(app: Flask, blueprint: str) -> bool:
 
 
 def _operation(endpoint: str, view: str, openai: bool) -> dict:
-    error = "OpenAIError" if openai else "DemoError"
-    responses = {
-        status: {"$ref": f"#/components/responses/{error}"} for status in (OPENAI_STATUSES if openai else DEMO_STATUSES)
-    }
+    responses = _errors(openai)
     ok = ["text/event-stream"] if view in STREAMS else ["application/json"]
     ok += ["text/event-stream"] if view in MAY_STREAM else []
     op = {"operationId": endpoint, "tags": [endpoint.rsplit(".", 1)[0]], "security": [{}, {"bearer": []}]}
@@ -114,6 +129,27 @@ def _operation(endpoint: str, view: str, openai: bool) -> dict:
     }
 
 
+def _errors(openai: bool) -> dict:
+    """The 4xx and 5xx a route answers, in its blueprint's error shape."""
+    error, statuses = ("OpenAIError", OPENAI_STATUSES) if openai else ("DemoError", DEMO_STATUSES)
+    return {status: {"$ref": f"#/components/responses/{error}"} for status in statuses}
+
+
+def _by_id(endpoint: str, method: str, view: str, names: list[str], openai: bool) -> dict:
+    params = [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}} for name in names]
+    op = {"operationId": f"{endpoint}.{method}", "tags": [endpoint.rsplit(".", 1)[0]], "security": [{}, {"bearer": []}]}
+    ok = {"200": {"description": BY_ID[method, view]}}
+    return {**op, "summary": BY_ID[method, view], "parameters": params, "responses": {**ok, **_errors(openai)}}
+
+
+def _upload(endpoint: str, openai: bool) -> dict:
+    op = {"operationId": endpoint, "tags": [endpoint.rsplit(".", 1)[0]], "security": [{}, {"bearer": []}]}
+    body = {"required": True, "content": {"multipart/form-data": {"schema": UPLOAD}}}
+    summary = "a JSONL file of requests for POST /batches (at most MAX_FILE_BYTES)"
+    ok = {"200": {"description": "the file's object"}}
+    return {**op, "summary": summary, "requestBody": body, "responses": {**ok, **_errors(openai)}}
+
+
 def _error(model: str) -> dict:
     return {"description": "an error", "content": {"application/json": {"schema": {"$ref": REF.format(model=model)}}}}
 
@@ -123,11 +159,18 @@ def document(app: Flask) -> dict:
     paths: dict[str, dict] = {}
     for rule in sorted(app.url_map.iter_rules(), key=lambda r: r.rule):
         blueprint, _, view = rule.endpoint.rpartition(".")
-        if rule.arguments - set(rule.defaults or {}) or view not in BODIES | GETS:
-            continue
-        method = "post" if view in BODIES else "get"
-        if method.upper() in rule.methods:
-            paths.setdefault(rule.rule, {})[method] = _operation(rule.endpoint, view, _openai_shaped(app, blueprint))
+        names = sorted(rule.arguments - set(rule.defaults or {}))
+        openai = _openai_shaped(app, blueprint)
+        if names:
+            path = rule.rule.replace("<", "{").replace(">", "}")
+            for method in (m.lower() for m in rule.methods if (m.lower(), view) in BY_ID):
+                paths.setdefault(path, {})[method] = _by_id(rule.endpoint, method, view, names, openai)
+        elif view == "create_file":
+            paths.setdefault(rule.rule, {})["post"] = _upload(rule.endpoint, openai)
+        elif view in BODIES | GETS:
+            method = "post" if view in BODIES else "get"
+            if method.upper() in rule.methods:
+                paths.setdefault(rule.rule, {})[method] = _operation(rule.endpoint, view, openai)
     schemas = copy.deepcopy(_schemas())  # filled in per app: the cached one stays unfilled
     limits.fill(schemas, app_state(app).config)
     return {

@@ -49,13 +49,21 @@ def test_every_registered_base_url_has_its_paths(doc):
         for route in ("/completions", "/chat/completions", "/responses", "/models"):
             assert prefix + route in paths
         assert set(doc["paths"][f"{prefix}/batches"]) == {"get", "post"}  # the Batch API's create and list
-        assert set(doc["paths"][f"{prefix}/files"]) == {"get"}  # its upload is a form, described in docs/openai.md
+        assert set(doc["paths"][f"{prefix}/files"]) == {"get", "post"}
+        upload = doc["paths"][f"{prefix}/files"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]
+        assert upload["properties"]["file"] == {"type": "string", "format": "binary"}
+        assert set(doc["paths"][f"{prefix}/responses/{{response_id}}"]) == {"get", "delete"}
+        for path in ("responses/{response_id}/input_items", "files/{file_id}/content"):
+            assert set(doc["paths"][f"{prefix}/{path}"]) == {"get"}
+        for path in ("responses/{response_id}/cancel", "batches/{batch_id}/cancel"):
+            [param] = doc["paths"][f"{prefix}/{path}"]["post"]["parameters"]
+            assert param["in"] == "path" and param["required"] is True
     for prefix in FAMILIES["tokenize"][1].values():  # /tokenize and /static/tokenize
         assert {f"{prefix}/tokenize", f"{prefix}/detokenize"} <= paths
     for urls in demo.ROUTES.values():
         assert set(urls.values()) <= paths
     assert {"/race", "/health"} <= paths
-    assert not any("<" in path for path in paths)  # the catch-all under /v1 is no operation
+    assert not any("<" in path or "{unknown}" in path for path in paths)  # the catch-all under /v1 is no operation
 
 
 def test_each_operation_documents_the_error_shape_its_routes_answer_in(doc):
