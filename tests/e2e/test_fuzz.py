@@ -186,8 +186,8 @@ def test_generated_requests_get_no_5xx_and_only_documented_errors(shared_server)
             operation = result.ok()
             ordinary.go()
             for mode, examples in EXAMPLES.items():
-                if mode is GenerationMode.NEGATIVE and operation.method.upper() == "GET":
-                    continue  # no parameters: nothing to get wrong
+                if mode is GenerationMode.NEGATIVE and "requestBody" not in operation.definition.raw:
+                    continue  # no body, and an id of any text: nothing to get wrong
                 run.fuzz(operation, mode, examples)
     finally:
         ordinary.stop()
