@@ -61,12 +61,18 @@ class InflightGate:
             self._held -= 1
 
 
+# how pydantic reads a true query flag (a background response's `?stream=true`)
+TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
+
+
 def _runs_prompts(blueprints: set[str], uncapped: frozenset[str]) -> bool:
     # every POST of a generate blueprint runs prompts (their GETs list models or answer 404), but
     # `uncapped`'s: an upload or a new batch is stored and answered at once, its lines run later in
     # the engine's spare room, so a full cap must not refuse it as if it were a generate request
     posted = request.method == "POST" and request.blueprint in blueprints and request.endpoint not in uncapped
-    return posted or request.endpoint in OTHER_ENDPOINTS
+    # a background response's events followed hold a thread until it ends, as a stream does
+    followed = request.blueprint in blueprints and request.args.get("stream", "").lower() in TRUE
+    return posted or followed or request.endpoint in OTHER_ENDPOINTS
 
 
 def register(app: Flask, limit: int, blueprints: set[str], uncapped: frozenset[str] = frozenset()) -> InflightGate:

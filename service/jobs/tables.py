@@ -25,6 +25,7 @@ from sqlalchemy import (
     Text,
     create_engine,
     event,
+    inspect,
 )
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import DatabaseError, OperationalError
@@ -143,7 +144,22 @@ def connect(url: str) -> Engine:
         metadata.create_all(engine)
     except DatabaseError:  # another replica made them at the same moment: now they are there
         metadata.create_all(engine)
+    _check_columns(engine)
     return engine
+
+
+def _check_columns(engine: Engine) -> None:
+    """create_all makes a missing table, never a missing column: a table an older version made
+    without one of today's columns stops the start here, named, rather than failing requests."""
+    found = inspect(engine)
+    for table in metadata.sorted_tables:
+        missing = {column.name for column in table.columns} - {c["name"] for c in found.get_columns(table.name)}
+        if missing:
+            raise RuntimeError(
+                f"the database {engine.url.render_as_string()} has a table '{table.name}' without the column(s)"
+                f" {', '.join(sorted(missing))} that this version needs: drop that table (or point"
+                " DATABASE_URL or DATA_DIR at a new database)"
+            )
 
 
 def _with_driver(url: str):

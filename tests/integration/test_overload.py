@@ -131,6 +131,23 @@ def test_tokenize_counts_under_the_cap_as_the_generate_routes_do(path):
     assert app_state(app).inflight.held == 0
 
 
+def test_following_a_background_responses_events_counts_under_the_cap(tmp_path):
+    """`GET /responses/{id}?stream=true` holds a thread until the response ends: past the cap, 429;
+    the same GET without `stream` is storage, answered whatever the cap."""
+    config = Config(vllm_enabled=False, max_inflight_requests=1, threads=4, data_dir=str(tmp_path))
+    app = create_app(config, start=False)
+    held = app_state(app).inflight.try_enter()  # the cap, full
+    try:
+        client = app.test_client()
+        for flag in ("true", "1", "True"):
+            r = client.get(f"/static/v1/responses/resp_x?stream={flag}")
+            assert r.status_code == 429 and r.json["error"]["code"] == "too_busy", r.get_data(as_text=True)
+        assert client.get("/static/v1/responses/resp_x").status_code == 404
+        assert client.get("/static/v1/responses/resp_x?stream=false").status_code == 404
+    finally:
+        held.release()
+
+
 @pytest.mark.parametrize(
     "path, body, status",
     [

@@ -165,3 +165,12 @@ def test_a_full_disk_is_storage_full_and_keeps_nothing(tmp_path):
     with pytest.raises(StorageFull):
         store.add_file("", "batch", "big.jsonl", b"x" * 400_000)
     assert [f.filename for f in store.files("")] == ["small.jsonl"]
+
+
+def test_a_table_an_older_version_made_without_a_column_stops_the_start_naming_it(tmp_path):
+    url = f"sqlite:///{tmp_path}/old.sqlite3"
+    with tables.connect(url).begin() as db:
+        db.exec_driver_sql("DROP TABLE response_events")
+        db.exec_driver_sql("CREATE TABLE response_events (response_id VARCHAR(64), seq INTEGER)")
+    with pytest.raises(RuntimeError, match=r"'response_events' without the column\(s\) text"):
+        tables.connect(url)
