@@ -36,6 +36,7 @@ class StaticSettings:
     profile_step_s: tuple[tuple[int, float], ...] = ()
     # where the blocks' kernels are built (once per machine, torch and source) and loaded from
     kernel_dir: str = kernel_dir("")
+    prefix_cache: bool = False  # STATIC_PREFIX_CACHE: a one-row round's cache kept (static/prefix.py)
 
     def shown(self) -> dict:
         """What /health shows: the resolved choices, not the paths or sizes."""

@@ -94,6 +94,7 @@ class Config:
     # blocks: the static engine reads the GGUF's own quantized blocks in fp32 (CPU; a model
     # converted from a GGUF); dense: DTYPE's weights; auto: the profile's faithful-then-fastest row
     static_weights: str = "auto"  # auto | dense | blocks
+    static_prefix_cache: bool = False  # keep a one-row round's KV cache for the next prompt that extends it
     # continuous batching (vLLM)
     vllm_enabled: bool = True
     vllm_max_num_seqs: Annotated[int, between(1, 65536)] = 64
@@ -202,6 +203,7 @@ class Config:
             stall_s=self.engine_stall_s,
             profile_step_s=picked.step_s,
             kernel_dir=kernel_dir(self.compile_cache_dir),
+            prefix_cache=self.static_prefix_cache,
         )
 
     def vllm_engine(self, model_path: str) -> VLLMSettings:

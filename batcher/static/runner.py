@@ -34,6 +34,7 @@ from batcher.static import gguf_blocks
 from batcher.static import processors as per_row
 from batcher.static.isolation import RowFailures
 from batcher.static.linear import half_weights, pack_linears, packs
+from batcher.static.prefix import PrefixCache
 from batcher.static.prompt_logprobs import PromptLogprobs
 from batcher.static.rows import RoundRows
 
@@ -74,14 +75,12 @@ def compile_config(device: str) -> CompileConfig:
 
 
 def graph_width(rows: int, max_batch: int) -> int:
-    """The rows a compiled round runs: one prompt alone (its own graph: a step of one row is
-    cheaper than one of BATCH_SIZE); more are padded to `max_batch` (one graph for the rest)."""
+    """A compiled round's rows: one prompt alone (its own, cheaper graph), more padded to `max_batch`."""
     return 1 if rows == 1 else max_batch
 
 
 def cache_bucket(needed: int, ceiling: int) -> int:
-    """A static cache's length: the next power of two from 64, so that a handful of lengths (and
-    graphs) serve every round, and a short round does not attend over a long empty cache."""
+    """A static cache's length: the next power of two from 64 (a few graphs; short rounds stay short)."""
     return min(max(64, 1 << (needed - 1).bit_length()), ceiling)
 
 
@@ -100,6 +99,7 @@ class Runner:
         self.max_cache_len = settings.max_input_tokens + settings.max_tokens_limit
         model_path = settings.model_path
         self._graphs: set[tuple[int, int]] = set()  # (graph_width, cache length) compiled so far
+        self.prefix = PrefixCache(settings.prefix_cache)
         if self.compile_config is not None:  # a graph per width and cache length (cache_bucket), not more
             limit = 2 * cache_bucket(self.max_cache_len, self.max_cache_len).bit_length()
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
@@ -133,9 +133,7 @@ class Runner:
             f", {linears}" if linears else "",
         )
 
-    @property
-    def compiles(self) -> bool:
-        return self.compile_config is not None
+    compiles = property(lambda self: self.compile_config is not None)
 
     def needs_compile(self, inputs: dict[str, torch.Tensor], max_tokens: int) -> bool:
         """Whether this round would compile a new graph (a width and cache length not seen yet)."""
@@ -185,6 +183,7 @@ class Runner:
         if self.compile_config is not None:
             seqs, inputs, cache_len = self._static_shapes(seqs, inputs)
             extra["past_key_values"] = self._static_cache(len(seqs), cache_len)
+        kept = self.prefix.before(seqs, inputs, extra, cache_len, self.model.config)  # batcher/static/prefix.py
         processors, recorder, sample = per_row.build(
             seqs, self.tokenizer, sorted(self.eos_ids), inputs["attention_mask"], self.model.config.vocab_size, failures
         )
@@ -218,6 +217,7 @@ class Runner:
             )
         if cache_len is not None:  # compiled: this width and cache length's graph exists now
             self._graphs.add((len(seqs), cache_len))
+        self.prefix.after(kept)
         return [rows.finish(row) for row in range(real)]
 
     def _static_shapes(self, seqs: list[Sequence], inputs: dict[str, torch.Tensor]):

@@ -202,6 +202,31 @@ def test_a_later_start_loads_the_blocks_graphs_instead_of_compiling(tiny, tmp_pa
     assert later["text"] == first["text"]
 
 
+def test_a_prompt_that_extends_the_last_one_prefills_only_what_is_new(runner, monkeypatch):
+    """STATIC_PREFIX_CACHE (batcher/static/prefix.py), eager and in both compiled forms: a one-row
+    round whose prompt extends the last one's continues its cache, with the whole prefill's tokens;
+    a round of two rows in between drops it."""
+    monkeypatch.setattr(runner.prefix, "enabled", True)  # what STATIC_PREFIX_CACHE=1 sets
+    monkeypatch.setattr(runner.prefix, "min_prefix", 8)  # prompts here are at most 24 tokens
+    ids = runner.tokenize(" ".join(PROMPTS))[:22]
+    first, longer = ids[:16], ids
+
+    def once(prompt: list[int]) -> list[int]:
+        seq = Sequence(prompt, SamplingParams(max_tokens=6, ignore_eos=True))
+        run(runner, [seq])
+        return seq.token_ids
+
+    once(first)
+    before = runner.prefix.reused
+    continued = once(longer)
+    assert runner.prefix.reused - before == 16
+    run(runner, [Sequence(p, SamplingParams(max_tokens=2)) for p in PROMPTS[:2]])
+    once(longer)
+    assert runner.prefix.reused - before == 16  # the round of two dropped the kept cache
+    monkeypatch.setattr(runner.prefix, "enabled", False)
+    assert once(longer) == continued  # prefilled whole: the same greedy tokens
+
+
 def test_cache_lengths_come_in_a_few_buckets():
     assert [cache_bucket(n, 1024) for n in (1, 64, 65, 200, 1000, 5000)] == [64, 64, 128, 256, 1024, 1024]
 
