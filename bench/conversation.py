@@ -44,8 +44,9 @@ def turn(url: str, engine: str, question: str, previous: str | None) -> tuple[fl
 
 
 def ratio(url: str, engine: str) -> dict:
-    """One warm-up turn, then a conversation of TURNS turns."""
-    turn(url, engine, QUESTIONS[0], None)
+    """One warm-up turn (another question: a kept prefix would make turn 1 look warm), then a
+    conversation of TURNS turns."""
+    turn(url, engine, "Say hello.", None)
     previous, firsts, tokens = None, [], []
     for question in QUESTIONS[:TURNS]:
         first, previous, counted = turn(url, engine, question, previous)
