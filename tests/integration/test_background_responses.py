@@ -100,3 +100,14 @@ def test_background_asks_for_store_and_another_keys_stream_is_a_404(app, sdk):
         theirs.responses.cancel(queued.id)
     with sdk.responses.retrieve(queued.id, stream=True) as events:
         list(events)
+
+
+def test_a_response_deleted_while_followed_ends_its_stream_with_an_error(app, sdk, held_rounds):
+    held = ask(sdk, background=True, max_output_tokens=200)  # its run waits for the fence
+    client, auth = app.test_client(), {"Authorization": "Bearer k1"}
+    reply = client.get(f"/static/v1/responses/{held.id}?stream=true", headers=auth, buffered=False)
+    assert reply.status_code == 200
+    sdk.responses.delete(held.id)
+    held_rounds()
+    text = reply.get_data(as_text=True)  # the follower's next look finds it gone: its stream ends
+    assert "event: error" in text and '"code": "not_found"' in text, text[-500:]

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 
 from service.openai.responses.stored import RUNNING, ResponseStore
+from service.openai.storage import NotFound
 
 POLL_S = 0.05
 KEEPALIVE_S = 15.0
@@ -29,7 +30,12 @@ def follow(store: ResponseStore, owner: str, response_id: str, after: int) -> It
     run's gets an `error` event saying so, and the stream ends."""
     seen_claim, quiet_since = None, time.monotonic()
     while True:
-        found, status, claim = store.events(owner, response_id, after)
+        try:
+            found, status, claim = store.events(owner, response_id, after)
+        except NotFound:  # deleted while followed (the first look's 404 is the route's)
+            payload = {"type": "error", "sequence_number": after + 1, "code": "not_found", "param": None}
+            yield f"event: error\ndata: {json.dumps({**payload, 'message': 'the response was deleted'})}\n\n"
+            return
         if seen_claim is not None and claim != seen_claim:
             payload = {"type": "error", "sequence_number": after + 1, "code": "response_restarted"}
             yield f"event: error\ndata: {json.dumps({**payload, 'message': RESTARTED, 'param': None})}\n\n"
