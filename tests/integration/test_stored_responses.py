@@ -68,7 +68,7 @@ def test_the_sdk_runs_a_conversation_whose_call_and_its_output_reach_the_last_tu
     assert thanked.usage.input_tokens == counted.json["count"], counted.json
 
     assert sdk.responses.retrieve(answered.id).model_dump() == answered.model_dump()
-    newest_first = sdk.responses.input_items.list(thanked.id, limit=2)
+    newest_first = sdk.responses.input_items.list(thanked.id, limit=2, include=["message.input_image.image_url"])
     assert [item.id for item in newest_first.data] == [items[4].id, items[3].id] and newest_first.has_more
     with pytest.raises(openai.BadRequestError) as cancel:
         sdk.responses.cancel(asked.id)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, model_validator
 
 from batcher.grammar import StructuredSpec
 from batcher.sampling import SamplingParams
@@ -96,6 +96,9 @@ def conversation(items: list[InputItem]) -> list[dict]:
     return messages
 
 
+AS_SENT = AliasChoices("include", "include[]")  # the openai SDK sends a list with brackets
+
+
 class ItemList(BaseModel):
     """`GET /responses/{id}/input_items`: OpenAI's cursor page."""
 
@@ -103,6 +106,7 @@ class ItemList(BaseModel):
     after: str | None = Field(None, description="an item id: the items past it, in this order")
     limit: int = Field(20, ge=1, le=100)
     order: Literal["asc", "desc"] = Field("desc", description="desc: the newest item first")
+    include: str | None = Field(None, description="ignored: an item carries its content", validation_alias=AS_SENT)
 
 
 class Retrieve(BaseModel):
@@ -111,7 +115,7 @@ class Retrieve(BaseModel):
     model_config = ConfigDict(extra="forbid")
     stream: bool = Field(False, description="its events: those past starting_after, then each new one")
     starting_after: int | None = Field(None, ge=-1, description="a sequence_number: the events after it")
-    include: str | None = Field(None, description="ignored: a response here carries its output alone")
+    include: str | None = Field(None, description="ignored: a response carries its output", validation_alias=AS_SENT)
     include_obfuscation: bool | None = Field(None, description="ignored: no obfuscation is added")
 
 
@@ -131,7 +135,7 @@ class Responses(Strict):
     parallel_tool_calls: Flag | None = None
     stream: Flag | None = None
 
-    store: Flag | None = Field(None, description="kept to read and continue (default true)")
+    store: Flag | None = Field(None, description="kept RESPONSE_RETENTION_S (30 days), to read and continue")
     previous_response_id: Annotated[str, Field(min_length=1, max_length=64)] | None = None
     truncation: Literal["auto", "disabled"] | None = Field(None, description="auto: drop the oldest turns to fit")
     background: Flag | None = Field(None, description="answer at once (queued); a worker runs it, stored")
