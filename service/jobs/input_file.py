@@ -7,6 +7,7 @@ it runs, and its answer is the route's error (runner.py)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 MAX_ERRORS = 20  # what a failed batch lists of its file's faults; the count says the rest
@@ -19,20 +20,16 @@ class Request:
     body: dict
 
 
-def read(content: bytes, endpoint: str, max_lines: int) -> tuple[list[Request], list[dict]]:
-    """(the requests, []) or ([], the faults that fail the batch)."""
-    try:
-        text = content.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return [], [_fault("invalid_json_line", f"the file is not UTF-8 text: {exc.reason}", None)]
-    rows = [(n, raw) for n, raw in enumerate(text.splitlines(), 1) if raw.strip()]
-    if not rows:
-        return [], [_fault("empty_file", "the input file holds no requests", None)]
-    if len(rows) > max_lines:
-        message = f"{len(rows)} requests; a batch holds at most {max_lines} (MAX_BATCH_LINES)"
-        return [], [_fault("too_many_requests", message, None)]
+def read(content: Iterable[bytes], endpoint: str, max_lines: int) -> tuple[list[Request], list[dict]]:
+    """(the requests, []) or ([], the faults that fail the batch), from the file's pieces as the
+    store reads them, a line at a time: no more of it is read than MAX_BATCH_LINES requests."""
     requests, faults, seen = [], [], set()
-    for n, raw in rows:
+    for n, raw in enumerate(_lines(content), 1):
+        if not raw.strip():
+            continue
+        if len(requests) + len(faults) == max_lines:
+            message = f"more than {max_lines} requests; a batch holds at most {max_lines} (MAX_BATCH_LINES)"
+            return [], [_fault("too_many_requests", message, None)]
         request, fault = _line(n, raw, endpoint)
         if fault is None and request.custom_id in seen:
             fault = _fault("duplicate_custom_id", f"custom_id '{request.custom_id}' is used twice", "custom_id", n)
@@ -41,6 +38,8 @@ def read(content: bytes, endpoint: str, max_lines: int) -> tuple[list[Request], 
             continue
         seen.add(request.custom_id)
         requests.append(request)
+    if not requests and not faults:
+        return [], [_fault("empty_file", "the input file holds no requests", None)]
     if faults:
         more = len(faults) - MAX_ERRORS
         shown = faults[:MAX_ERRORS]
@@ -50,9 +49,24 @@ def read(content: bytes, endpoint: str, max_lines: int) -> tuple[list[Request], 
     return requests, []
 
 
-def _line(n: int, raw: str, endpoint: str) -> tuple[Request | None, dict | None]:
+def _lines(pieces: Iterable[bytes]) -> Iterator[bytes]:
+    """The file's lines (JSONL's: split at "\n" only), joined across the pieces they span."""
+    start = bytearray()
+    for piece in pieces:
+        *ends, rest = piece.split(b"\n")
+        for end in ends:
+            yield bytes(start + end)
+            start.clear()
+        start += rest
+    if start:
+        yield bytes(start)
+
+
+def _line(n: int, raw: bytes, endpoint: str) -> tuple[Request | None, dict | None]:
     try:
-        item = json.loads(raw)
+        item = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        return None, _fault("invalid_json_line", f"not UTF-8 text: {exc.reason}", None, n)
     except json.JSONDecodeError as exc:
         return None, _fault("invalid_json_line", f"not a JSON object: {exc.msg}", None, n)
     if not isinstance(item, dict):

@@ -1,7 +1,6 @@
 """The files and batches of the Files and Batches APIs, as the routes read and write them: one
-`Store` over the database (tables.py), SQLite embedded or PostgreSQL shared. Every read is by
-owner (`owner_of`: a hash of the API key, never the key), so another key's file or batch is
-absent. What the runner needs of the lines is lines.py."""
+`Store` over the database (tables.py), SQLite or PostgreSQL; a file's bytes are file_bytes.py's, the
+lines lines.py's. Every read is by owner (`owner_of`: the API key's hash), so others' are absent."""
 
 from __future__ import annotations
 
@@ -9,11 +8,12 @@ import hashlib
 import logging
 import time
 import uuid
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, fields
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import func, insert, select, tuple_, update
 
-from service.jobs import tables
+from service.jobs import file_bytes, tables
 from service.jobs.tables import batches, files, lines
 
 log = logging.getLogger(__name__)
@@ -28,8 +28,7 @@ def owner_of(api_key: str | None) -> str:
 
 
 def new_id(prefix: str) -> str:
-    """Unique, and in the order made: the clock's nanoseconds first (fixed width), so that the
-    listings' order (created_at, id) holds within a second too."""
+    """Unique, and in the order made (the clock's nanoseconds first): listings' order holds within a second."""
     return f"{prefix}-{time.time_ns():016x}{uuid.uuid4().hex[:16]}"
 
 
@@ -91,6 +90,16 @@ class BatchRecord:
         return {**shown, "object": "batch", "errors": errors, "request_counts": counts}
 
 
+def _paged(query, table, after: str | None, order: str, limit: int):
+    """`query` in (created_at, id) order, oldest first ("asc") or newest, from past the row `after`."""
+    key = (table.c.created_at, table.c.id)
+    if after is not None:
+        mark = select(*key).where(table.c.id == after).subquery()
+        at = tuple_(mark.c.created_at, mark.c.id)
+        query = query.where(tuple_(*key) > at if order == "asc" else tuple_(*key) < at)
+    return query.order_by(*(k.asc() if order == "asc" else k.desc() for k in key)).limit(limit)
+
+
 FILE_COLUMNS = [files.c[f.name] for f in fields(FileRecord)]
 BATCH_COLUMNS = [batches.c[f.name] for f in fields(BatchRecord) if f.name not in ("total", "completed", "failed")]
 
@@ -100,11 +109,14 @@ class Store:
         self.db = tables.connect(url)
 
     # --- files ------------------------------------------------------------------------------
-    def add_file(self, owner: str, purpose: str, filename: str, content: bytes) -> FileRecord:
-        """Written whole in one transaction: a file is there with all its bytes, or not at all."""
-        record = FileRecord(new_id("file"), owner, purpose, filename, len(content), int(time.time()))
+    def add_file(self, owner: str, purpose: str, filename: str, content: bytes | Iterable[bytes]) -> FileRecord:
+        """Written whole in one transaction, from its bytes or its pieces as they come (file_bytes.write):
+        a file is there with all its bytes, or not at all."""
+        file_id = new_id("file")
         with tables.writing(self.db) as db:
-            db.execute(insert(files).values(**record.__dict__, content=content))
+            size = file_bytes.write(db, file_id, content)
+            record = FileRecord(file_id, owner, purpose, filename, size, int(time.time()))
+            db.execute(insert(files).values(**record.__dict__))
         return record
 
     def file(self, owner: str, file_id: str) -> FileRecord | None:
@@ -119,24 +131,21 @@ class Store:
         query = select(*FILE_COLUMNS).where(files.c.owner == owner)
         if purpose is not None:
             query = query.where(files.c.purpose == purpose)
-        key = (files.c.created_at, files.c.id)
-        if after is not None:
-            mark = select(files.c.created_at, files.c.id).where(files.c.id == after).subquery()
-            past = (key[0] < mark.c.created_at) | ((key[0] == mark.c.created_at) & (key[1] < mark.c.id))
-            if order == "asc":
-                past = (key[0] > mark.c.created_at) | ((key[0] == mark.c.created_at) & (key[1] > mark.c.id))
-            query = query.where(past)
-        ordering = [k.asc() for k in key] if order == "asc" else [k.desc() for k in key]
         with self.db.connect() as db:
-            return [FileRecord(*row) for row in db.execute(query.order_by(*ordering).limit(limit))]
+            return [FileRecord(*row) for row in db.execute(_paged(query, files, after, order, limit))]
 
-    def content(self, owner: str, file_id: str) -> bytes | None:
-        with self.db.connect() as db:
-            return db.execute(select(files.c.content).where(files.c.id == file_id, files.c.owner == owner)).scalar()
+    def content(self, owner: str, file_id: str) -> Iterator[bytes] | None:
+        """The file's bytes, a piece at a time (file_bytes.read), or None where it is not the owner's."""
+        if self.file(owner, file_id) is None:
+            return None
+        return file_bytes.read(self.db, file_id)
 
     def delete_file(self, owner: str, file_id: str) -> bool:
         with self.db.begin() as db:
-            return db.execute(files.delete().where(files.c.id == file_id, files.c.owner == owner)).rowcount > 0
+            deleted = db.execute(files.delete().where(files.c.id == file_id, files.c.owner == owner)).rowcount > 0
+            if deleted:
+                file_bytes.delete(db, file_id)
+            return deleted
 
     # --- batches ----------------------------------------------------------------------------
     def add_batch(
@@ -173,15 +182,8 @@ class Store:
     def batches(self, owner: str, *, after: str | None = None, limit: int = 20) -> list[BatchRecord]:
         """Newest first; `after`: a batch id, the ones made before it."""
         query = select(*BATCH_COLUMNS).where(batches.c.owner == owner)
-        if after is not None:
-            mark = select(batches.c.created_at, batches.c.id).where(batches.c.id == after).subquery()
-            older = (batches.c.created_at < mark.c.created_at) | (
-                (batches.c.created_at == mark.c.created_at) & (batches.c.id < mark.c.id)
-            )
-            query = query.where(older)
-        query = query.order_by(batches.c.created_at.desc(), batches.c.id.desc()).limit(limit)
         with self.db.connect() as db:
-            return [self._counted(db, row) for row in db.execute(query).all()]
+            return [self._counted(db, row) for row in db.execute(_paged(query, batches, after, "desc", limit)).all()]
 
     def batches_in(self, *statuses: str) -> list[BatchRecord]:
         """Every owner's batches in these states, oldest first (the runner's work)."""
@@ -232,7 +234,8 @@ class Store:
                 return False  # another worker finished it
             for file_id, filename, content in made.values():
                 row = {"id": file_id, "owner": batch.owner, "purpose": "batch_output", "filename": filename}
-                db.execute(insert(files).values(**row, bytes=len(content), created_at=now, content=content))
+                db.execute(insert(files).values(**row, bytes=len(content), created_at=now))
+                file_bytes.write(db, file_id, content)
         log.info("batch %s: %s (%d completed, %d failed)", batch.id, status, batch.completed, batch.failed)
         return True
 

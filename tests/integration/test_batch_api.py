@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import tracemalloc
 
 import pytest
 from sqlalchemy import event
@@ -370,6 +371,30 @@ def test_a_full_disk_is_a_507_and_keeps_nothing(tmp_path):
     r = client.post("/v1/files", data=data)
     assert r.status_code == 507 and r.json["error"]["code"] == "insufficient_storage", r.json
     assert client.get("/v1/files").json["data"] == []
+
+
+def test_an_upload_and_its_download_hold_a_piece_of_the_file_never_the_whole(tmp_path):
+    """werkzeug spools the part to a temporary file; the route writes it to the store a piece at
+    a time, and the content route sends it as it reads it."""
+    size = 24 << 20
+    config = Config(vllm_enabled=False, data_dir=str(tmp_path), max_file_bytes=size)
+    client = create_app(config, start=False).test_client()
+    boundary = "piecebypiece"
+    head = f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n--{boundary}\r\n'
+    head += 'Content-Disposition: form-data; name="file"; filename="big.jsonl"\r\n\r\n'
+    body = head.encode() + b"x" * size + f"\r\n--{boundary}--\r\n".encode()
+    tracemalloc.start()
+    try:
+        r = client.post("/v1/files", data=body, content_type=f"multipart/form-data; boundary={boundary}")
+        _, upload_peak = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        reply = client.get(f"/v1/files/{r.json['id']}/content", buffered=False)
+        got = sum(len(piece) for piece in reply.response)
+        _, download_peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert r.json["bytes"] == size and got == size and reply.headers["Content-Length"] == str(size)
+    assert upload_peak < size // 4 and download_peak < size // 4, (upload_peak, download_peak)
 
 
 def test_a_batch_for_a_disabled_engine_is_a_503_and_nothing_is_made(tmp_path):

@@ -12,13 +12,14 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import create_engine, select
 
 from service.jobs import input_file, tables
 from service.jobs.lines import Lines
 from service.jobs.store import Store
 from tests.helpers.postgres import database, postgres_server
 from tests.unit import test_batch_store as on_sqlite
+from tests.unit import test_file_bytes as pieces_on_sqlite
 
 CHAT = "/v1/chat/completions"
 
@@ -46,16 +47,31 @@ def store(url):
 globals().update(
     {
         name: test
-        for name, test in vars(on_sqlite).items()
+        for module in (on_sqlite, pieces_on_sqlite)
+        for name, test in vars(module).items()
         if name.startswith("test_") and "store" in inspect.signature(test).parameters
     }
 )
 
 
+def test_an_older_databases_files_move_to_pieces_and_stay_readable(url):
+    with create_engine(url).begin() as db:  # the files table as an older version made it
+        db.exec_driver_sql(
+            "CREATE TABLE files (id VARCHAR(64) PRIMARY KEY, owner VARCHAR(64) NOT NULL, purpose VARCHAR(32)"
+            " NOT NULL, filename VARCHAR(512) NOT NULL, bytes BIGINT NOT NULL, created_at BIGINT NOT NULL,"
+            " content BYTEA NOT NULL)"
+        )
+        db.exec_driver_sql("INSERT INTO files VALUES ('file-1', '', 'batch', 'a.jsonl', 3, 1, '\\x7b7d0a')")
+    store = Store(url)
+    assert b"".join(store.content("", "file-1")) == b"{}\n"
+    assert [f.id for f in store.files("")] == ["file-1"]
+    store.db.dispose()
+
+
 def lines_of(store: Store, batch_id: str, count: int) -> Lines:
     lines = Lines(store.db)
     items = [on_sqlite.request(str(i)) for i in range(count)]
-    lines.add(batch_id, input_file.read(on_sqlite.jsonl(*items), CHAT, count)[0])
+    lines.add(batch_id, input_file.read([on_sqlite.jsonl(*items)], CHAT, count)[0])
     return lines
 
 
@@ -109,12 +125,12 @@ def test_a_plain_postgresql_url_takes_psycopg(url):
 def test_what_sqlite_never_bounds_comes_back_whole(store):
     content = bytes(range(256)) * 4096  # every byte value, a megabyte
     made = store.add_file("", "batch", "x" * 255, content)
-    assert store.content("", made.id) == content and store.file("", made.id).filename == "x" * 255
+    assert b"".join(store.content("", made.id)) == content and store.file("", made.id).filename == "x" * 255
     long_id = "c" * 5000
     lines = Lines(store.db)
     body = {"messages": [{"role": "user", "content": "é\u0000☃"}], "metadata": {"k": [1, None]}}
     item = {"custom_id": long_id, "method": "POST", "url": CHAT, "body": body}
-    lines.add("b", input_file.read(json.dumps(item).encode(), CHAT, 1)[0])
+    lines.add("b", input_file.read([json.dumps(item).encode()], CHAT, 1)[0])
     lines.heartbeat("w")
     claim, [(line_no, custom_id, got)] = lines.claim("b", "w", 1)
     assert custom_id == long_id and got == body

@@ -40,7 +40,7 @@ def ended(app, batch, timeout: float = 300):
 def read_jsonl(app, file_id: str | None) -> list[dict]:
     if file_id is None:
         return []
-    return [json.loads(line) for line in app_state(app).store.content("", file_id).decode().splitlines()]
+    return [json.loads(line) for line in b"".join(app_state(app).store.content("", file_id)).decode().splitlines()]
 
 
 def without_ids(body: dict) -> dict:

@@ -42,7 +42,7 @@ def running_batch(store: Store, engine: str, count: int):
     items = [{"custom_id": f"c{i}", "method": "POST", "url": CHAT, "body": {"messages": []}} for i in range(count)]
     content = "".join(json.dumps(item) + "\n" for item in items).encode()
     batch = store.add_batch("", engine, CHAT, store.add_file("", "batch", "in.jsonl", content).id, "24h", None)
-    requests, faults = input_file.read(content, CHAT, 100)
+    requests, faults = input_file.read([content], CHAT, 100)
     assert not faults
     Lines(store.db).add(batch.id, requests)
     store.move(batch.id, "in_progress")

@@ -24,6 +24,11 @@ def store(tmp_path) -> Store:
     return Store(f"sqlite:///{tmp_path / 'jobs.sqlite3'}")
 
 
+def pieces(content: bytes, size: int = 7) -> list[bytes]:
+    """A file as the store hands it over, cut small here so that lines span pieces."""
+    return [content[at : at + size] for at in range(0, len(content), size)]
+
+
 def jsonl(*items) -> bytes:
     return "".join(json.dumps(item) + "\n" for item in items).encode()
 
@@ -36,7 +41,7 @@ def test_a_file_belongs_to_the_key_that_made_it(store):
     mine, theirs = owner_of("key-1"), owner_of("key-2")
     assert mine != theirs and "key-1" not in mine and owner_of(None) == ""
     made = store.add_file(mine, "batch", "lines.jsonl", b"{}\n")
-    assert store.file(mine, made.id) == made and store.content(mine, made.id) == b"{}\n"
+    assert store.file(mine, made.id) == made and b"".join(store.content(mine, made.id)) == b"{}\n"
     assert store.file(theirs, made.id) is None and store.content(theirs, made.id) is None
     assert store.delete_file(theirs, made.id) is False and store.delete_file(mine, made.id) is True
     assert store.file(mine, made.id) is None
@@ -77,19 +82,19 @@ def test_a_batch_moves_only_from_the_states_named(store):
     ],
 )
 def test_a_bad_input_file_fails_the_batch_naming_why(content, code):
-    requests, faults = input_file.read(content, CHAT, max_lines=3)
+    requests, faults = input_file.read(pieces(content), CHAT, max_lines=3)
     assert requests == [] and faults[0]["code"] == code, faults
 
 
 def test_a_good_input_file_keeps_its_lines_in_order():
-    requests, faults = input_file.read(jsonl(request("a"), request("b", max_tokens=-1)) + b"\n", CHAT, 3)
+    requests, faults = input_file.read(pieces(jsonl(request("a"), request("b", max_tokens=-1)) + b"\n"), CHAT, 3)
     assert faults == [] and [(r.line, r.custom_id) for r in requests] == [(1, "a"), (2, "b")]
     assert requests[1].body["max_tokens"] == -1  # a body the route refuses still runs: its answer is the error
 
 
 def test_a_dead_workers_lines_go_back_and_a_result_counts_once(store):
     lines = Lines(store.db)
-    requests, _ = input_file.read(jsonl(*(request(str(i)) for i in range(4))), CHAT, 10)
+    requests, _ = input_file.read(pieces(jsonl(*(request(str(i)) for i in range(4)))), CHAT, 10)
     lines.add("batch-1", requests)
     lines.heartbeat("alive")
     first, taken = lines.claim("batch-1", "ghost", 2)  # "ghost" never beats: as good as dead
@@ -123,7 +128,7 @@ def test_a_worker_silent_for_an_hour_is_forgotten_when_a_new_one_first_beats(sto
 
 def test_a_line_handed_back_runs_again(store):
     lines = Lines(store.db)
-    lines.add("b", input_file.read(jsonl(request("a")), CHAT, 10)[0])
+    lines.add("b", input_file.read(pieces(jsonl(request("a"))), CHAT, 10)[0])
     lines.heartbeat("w")
     claim, [(line_no, _, _)] = lines.claim("b", "w", 1)
     lines.release("b", line_no, claim)
@@ -132,7 +137,7 @@ def test_a_line_handed_back_runs_again(store):
 
 def test_lines_that_never_ran_are_errors_with_the_end_that_stopped_them(store):
     lines = Lines(store.db)
-    lines.add("b", input_file.read(jsonl(request("a"), request("b")), CHAT, 10)[0])
+    lines.add("b", input_file.read(pieces(jsonl(request("a"), request("b"))), CHAT, 10)[0])
     output, errors = lines.results("b", "batch_expired")
     assert output == b"" and [json.loads(x)["error"]["code"] for x in errors.decode().splitlines()] == [
         "batch_expired",
@@ -148,7 +153,7 @@ def test_a_batch_ends_once_with_its_files_in_one_step(store):
     assert not store.finish(store.batch(None, batch.id), "completed", b"{}\n", b"")  # a second worker's try
     ended = store.batch("", batch.id)
     assert ended.status == "completed" and ended.error_file_id is None
-    assert store.content("", ended.output_file_id) == b"{}\n"
+    assert b"".join(store.content("", ended.output_file_id)) == b"{}\n"
     assert [f.purpose for f in store.files("", purpose="batch_output")] == ["batch_output"]
 
 

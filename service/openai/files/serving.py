@@ -1,9 +1,10 @@
-"""`/v1/files`, served: an upload read whole within MAX_FILE_BYTES and kept in one transaction
+"""`/v1/files`, served: an upload kept in one transaction as it is read, within MAX_FILE_BYTES
 (a cut upload keeps nothing), the listing as OpenAI's cursor page, a file's record, its bytes,
 and its deletion. Files are one store for both base URLs, each key's own."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 from flask import Request, Response
@@ -11,6 +12,7 @@ from werkzeug.datastructures import FileStorage
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from service.errors import ApiError, InvalidRequest, UnknownField, UnsupportedMediaType
+from service.jobs.file_bytes import CHUNK_BYTES
 from service.jobs.store import FileRecord, Store
 from service.openai.files.protocol import FileList, Upload
 from service.openai.storage import NotFound, page
@@ -57,19 +59,31 @@ def too_large(max_file_bytes: int) -> InvalidRequest:
 
 
 def upload(store: Store, owner: str, form: Upload, file: FileStorage, max_file_bytes: int) -> dict:
-    """The file kept whole, or nothing kept: its bytes are read to the bound before any is stored."""
+    """The file kept whole, or nothing kept: a part past the bound ends the transaction its pieces
+    were written in."""
     filename = file.filename or "upload.jsonl"
     if len(filename) > MAX_FILENAME:
         raise InvalidRequest(f"'file': its name is longer than {MAX_FILENAME} characters", param="file")
     if "\x00" in filename:  # no text column holds it (PostgreSQL refuses it)
         raise InvalidRequest("'file': its name must not hold a NUL character", param="file")
-    try:
-        content = file.stream.read(max_file_bytes + 1)
-    except RequestEntityTooLarge:  # a body sent without Content-Length, cut at the bound
-        raise too_large(max_file_bytes) from None
-    if len(content) > max_file_bytes:
-        raise too_large(max_file_bytes)
-    return store.add_file(owner, form.purpose, filename, content).to_openai()
+    return store.add_file(owner, form.purpose, filename, _pieces(file, max_file_bytes)).to_openai()
+
+
+def _pieces(file: FileStorage, max_file_bytes: int) -> Iterator[bytes]:
+    """The part's bytes as they are read (werkzeug spools a part past 500 KB to a temporary file),
+    a piece at a time: a worker holds one piece of an upload, never the whole."""
+    size = 0
+    while True:
+        try:
+            piece = file.stream.read(CHUNK_BYTES)
+        except RequestEntityTooLarge:  # a body sent without Content-Length, cut at the bound
+            raise too_large(max_file_bytes) from None
+        size += len(piece)
+        if size > max_file_bytes:
+            raise too_large(max_file_bytes)
+        if not piece:
+            return
+        yield piece
 
 
 def listing(store: Store, owner: str, query: FileList) -> dict:
@@ -86,10 +100,12 @@ def record(store: Store, owner: str, file_id: str) -> FileRecord:
 
 def content(store: Store, owner: str, file_id: str) -> Response:
     """The file's bytes as they were uploaded or written (an output file: JSONL), as OpenAI sends them."""
-    data = store.content(owner, file_id)
-    if data is None:
+    found = record(store, owner, file_id)
+    pieces = store.content(owner, file_id)
+    if pieces is None:  # deleted just now
         raise NotFound(f"No such File object: {file_id}")
-    return Response(data, mimetype="application/octet-stream")
+    # sent as it is read; its length up front, so that a client sees a file deleted mid-read as cut
+    return Response(pieces, mimetype="application/octet-stream", headers={"Content-Length": str(found.bytes)})
 
 
 def delete(store: Store, owner: str, file_id: str) -> dict:
