@@ -21,7 +21,6 @@ import socket
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 
 from flask import Flask
 
@@ -30,6 +29,7 @@ from service.config import Config
 from service.jobs import input_file
 from service.jobs.lines import STALE_S, Lines
 from service.jobs.store import BatchRecord, Store
+from service.turns import Turns
 
 log = logging.getLogger(__name__)
 
@@ -57,39 +57,15 @@ def batch_width(engine: str, config: Config, *, quiet_s: float) -> int:
     return min(busy, full) if quiet_s < QUIET_S else full
 
 
-class BatchRunner:
+class BatchRunner(Turns):
     def __init__(self, app: Flask, store: Store, config: Config, engines: dict[str, EngineThread]):
         """`app`: what runs each line (its own test client); `engines`: each line's room."""
+        super().__init__("batch-runner", TURN_S, config.batch_size + config.vllm_max_num_seqs)  # both rooms, full
         self.app, self.store, self.config, self.engines = app, store, config, engines
         self.lines = Lines(store.db)
         self.worker = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._in_flight = dict.fromkeys(PREFIXES, 0)  # lines of ours in each engine now
         self._lock = threading.Lock()
-        self._stop, self._kick = threading.Event(), threading.Event()
-        self._turned = threading.Condition()  # notified after every turn: wait_for() waits on it
-        most = self.config.batch_size + self.config.vllm_max_num_seqs  # both engines' room, full
-        self._pool = ThreadPoolExecutor(max_workers=most, thread_name_prefix="batch-line")
-        self._thread = threading.Thread(target=self._loop, name="batch-runner", daemon=True)
-
-    def start(self) -> BatchRunner:
-        self._thread.start()
-        return self
-
-    def kick(self) -> None:
-        """Take a turn now (a batch was created or cancelled, a line finished)."""
-        self._kick.set()
-
-    def halt(self) -> None:
-        """No new line from now on (safe in a signal handler); the ones in flight end with the
-        engines' drain, and what they leave is handed back once this worker is gone."""
-        self._stop.set()
-        self._kick.set()
-
-    def stop(self, timeout: float = 30.0) -> None:
-        self.halt()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def wait_for(self, batch_id: str, statuses: set[str], timeout: float) -> BatchRecord | None:
         """The batch once it is in one of `statuses`, or None at the timeout (tests, the bench)."""
@@ -105,17 +81,6 @@ class BatchRunner:
                 self._turned.wait(left)
 
     # --- the runner's thread ----------------------------------------------------------------
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self._turn()
-            except Exception:  # the database away for a moment: the next turn tries again
-                log.exception("batch runner: a turn failed")
-            with self._turned:
-                self._turned.notify_all()
-            self._kick.wait(TURN_S)
-            self._kick.clear()
-
     def _turn(self) -> None:
         self.lines.heartbeat(self.worker)
         for batch in self.store.batches_in("validating"):

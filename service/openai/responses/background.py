@@ -16,7 +16,6 @@ import json
 import logging
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 from batcher.errors import EngineError
 from batcher.sequence import Priority
@@ -28,6 +27,7 @@ from service.openai.responses import serving
 from service.openai.responses.protocol import Responses
 from service.openai.responses.stored import Job, ResponseStore
 from service.plan import Served
+from service.turns import Turns
 
 log = logging.getLogger(__name__)
 
@@ -36,43 +36,13 @@ AT_ONCE = 16  # runs in flight in one worker: each waits in its engine's queue a
 RETRY = {429, 503}  # the engine is full or not serving now: back to queued
 
 
-class Background:
+class Background(Turns):
     def __init__(self, store: ResponseStore, worker: str, served: Callable[[], Served], engines: dict[str, Engine]):
         """`worker`: this process's id in the heartbeats; `served`: the settings and tokenizer."""
+        super().__init__("background-responses", TURN_S, AT_ONCE)
         self.store, self.worker, self.served, self.engines = store, worker, served, engines
-        self._stop, self._kick = threading.Event(), threading.Event()
         self._in_flight = 0
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=AT_ONCE, thread_name_prefix="background-response")
-        self._thread = threading.Thread(target=self._loop, name="background-responses", daemon=True)
-
-    def start(self) -> Background:
-        self._thread.start()
-        return self
-
-    def kick(self) -> None:
-        self._kick.set()
-
-    def halt(self) -> None:
-        """No new run from now on (safe in a signal handler); what runs ends with the engines'
-        drain, and a run the drain cut is handed back (RETRY) for another worker."""
-        self._stop.set()
-        self._kick.set()
-
-    def stop(self, timeout: float = 30.0) -> None:
-        self.halt()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-        self._pool.shutdown(wait=False, cancel_futures=True)
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self._turn()
-            except Exception:  # the database away for a moment: the next turn tries again
-                log.exception("background responses: a turn failed")
-            self._kick.wait(TURN_S)
-            self._kick.clear()
 
     def _turn(self) -> None:
         ready = [name for name, engine in self.engines.items() if _available(engine)]
