@@ -49,12 +49,15 @@ def _static(settings: StaticSettings) -> SimpleNamespace:
 
     from batcher.sampling import SamplingParams
     from batcher.sequence import Sequence
+    from batcher.static import graphs
     from batcher.static.runner import Runner, set_torch_threads
 
     set_torch_threads(settings.torch_threads)  # as the service's model thread does
     started, batch = time.perf_counter(), settings.batch_size
     runner = Runner(settings)
     compile_s = runner.warm_up() if runner.compiles else None
+    if graphs.builds_aside(settings):  # stored: a service start with these settings loads them
+        graphs.mark(settings)
     built = {"start_s": time.perf_counter() - started, "compile_s": compile_s, "dtype": str(runner.dtype)}
 
     def generate(prompts: list[str], max_tokens: int, ignore_eos: bool = True, size: int = 0) -> list[list[int]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import threading
 import time
 from collections.abc import Callable
 
@@ -20,14 +21,17 @@ from batcher.metrics import Metrics
 from batcher.predict import StaticCost
 from batcher.sequence import Sequence
 from batcher.settings import StaticSettings
+from batcher.static import graphs
 from batcher.static.isolation import RowFailures
-from batcher.static.runner import Runner, set_torch_threads
+from batcher.static.prefix import PrefixCache
+from batcher.static.runner import Runner, compile_config, set_torch_threads
 
 log = logging.getLogger(__name__)
 
 # How long a round that begins with a batch line waits for more (the batch runner's lines arrive
 # one request thread at a time): a round is seconds long, so a full one is worth this much
 BATCH_FILL_S = 0.05
+GRAPHS_POLL_S = 1.0  # while a child builds the graphs, an idle engine looks whether it is done this often
 
 
 class StaticWorker(EngineThread):
@@ -49,11 +53,16 @@ class StaticWorker(EngineThread):
         self.torch_threads = settings.torch_threads
         self.metrics.queue_depth.set_function(self.workload.qsize)
         self.metrics.inflight.set_function(self.inflight)
+        self.settings = settings
         self.runner: Runner | None = None
+        self.graphs: graphs.Build | None = None  # the child building the compiled step's graphs
+        self.graphs_settled = threading.Event()  # set once that child's graphs are in use, or it failed
+        self.warm_up_graphs: dict[str, int] = {}  # what the last warm-up's graphs came from
         self.rounds = 0
 
     def details(self) -> dict:
-        return {"rounds": self.rounds}
+        building = {"graphs": "building in a child process; decoding eager"} if self.graphs is not None else {}
+        return {"rounds": self.rounds, **building}
 
     def kv_cache(self) -> tuple[float, None, None]:
         """Defined honestly: no paged cache, only the rows of one round (a left-padded batch of at
@@ -69,25 +78,53 @@ class StaticWorker(EngineThread):
         with fence.static_round():
             self.runner = self._load_runner()
         self.vocab_size = self.runner.model.config.vocab_size
-        if self.runner.compiles:  # STATIC_COMPILE: the first graph, before any request waits on it
+        if self.runner.compiles and graphs.builds_aside(self.settings) and not graphs.stored(self.settings):
+            self.runner.compile_config = None  # eager until the child has built them (graphs.py)
+            self.graphs = graphs.Build(self.settings)
+        elif self.runner.compiles:  # STATIC_COMPILE: the first graph, before any request waits on it
             self._enter_phase("compiling")
-            set_torch_threads(self.torch_threads)
-            from torch._dynamo.utils import counters
+            self._warm_up()
 
-            kinds = ("fxgraph_cache_hit", "fxgraph_cache_miss", "fxgraph_cache_bypass")
-            before = [counters["inductor"][kind] for kind in kinds]  # process-wide: vLLM's count too
-            with fence.model_work(), fence.static_round():  # in fence.py's order
-                seconds = self.runner.warm_up()
-            loaded, compiled, frozen = (counters["inductor"][kind] - n for kind, n in zip(kinds, before, strict=True))
-            log.info(
-                "static engine: decode step ready in %.1fs (Inductor graphs: %d loaded from the compile cache, "
-                "%d compiled and stored, %d compiled uncacheable: frozen weights)",
-                seconds, loaded, compiled, frozen,
-            )  # fmt: skip
+    def _warm_up(self) -> None:
+        set_torch_threads(self.torch_threads)
+        from torch._dynamo.utils import counters
+
+        kinds = ("fxgraph_cache_hit", "fxgraph_cache_miss", "fxgraph_cache_bypass")
+        before = [counters["inductor"][kind] for kind in kinds]  # process-wide: vLLM's count too
+        with fence.model_work(), fence.static_round():  # in fence.py's order
+            seconds = self.runner.warm_up()
+        loaded, compiled, frozen = (counters["inductor"][kind] - n for kind, n in zip(kinds, before, strict=True))
+        self.warm_up_graphs = {"loaded": loaded, "compiled": compiled, "frozen": frozen}
+        log.info(
+            "static engine: decode step ready in %.1fs (Inductor graphs: %d loaded from the compile cache, "
+            "%d compiled and stored, %d compiled uncacheable: frozen weights)",
+            seconds, loaded, compiled, frozen,
+        )  # fmt: skip
+        if graphs.builds_aside(self.settings):
+            graphs.mark(self.settings)
+
+    def _switch_when_built(self) -> None:
+        """Between rounds: once the child has built the graphs, decode through them (loaded, not
+        compiled); a failed build leaves the engine eager, and the log says so."""
+        built = self.graphs.done()
+        if built is None:
+            return
+        self.graphs = None
+        if built:
+            self.runner.compile_config = compile_config(self.settings.device)
+            self.runner.prefix = PrefixCache(self.settings.prefix_cache)  # an eager round's cache is not static
+            self._warm_up()
+            log.info("static engine: switched to the compiled decode step after %d eager rounds", self.rounds)
+        else:
+            log.error("static engine: the child process failed to build the graphs; decoding stays eager")
+        self.graphs_settled.set()
 
     def _serve(self) -> None:
         while not self.lifecycle.stopping.is_set():
-            batch = self.workload.next_batch(self.batch_size, self.batch_wait_s, fill_s=BATCH_FILL_S)
+            if self.graphs is not None:
+                self._switch_when_built()
+            idle = GRAPHS_POLL_S if self.graphs is not None else None
+            batch = self.workload.next_batch(self.batch_size, self.batch_wait_s, idle, fill_s=BATCH_FILL_S)
             if batch and self.lifecycle.stopping.is_set():  # taken while stop() was abandoning
                 self._abandon()
             if batch:
@@ -95,6 +132,8 @@ class StaticWorker(EngineThread):
                 self._run_round(batch)
                 self._progressed()
             self._note_if_drained()
+        if self.graphs is not None:  # a build cut short: the next start builds them again
+            self.graphs.stop()
         self._fail_waiting("the static engine shut down before this prompt ran")
 
     def _abandon(self) -> None:

@@ -2,8 +2,9 @@
 
 On a tiny llama written to a GGUF file (tests/helpers/tiny_gguf.py: the default model's tokenizer,
 two layers), in both compiled forms: dense fp32 (frozen weights, autotuned: compiled at every run,
-Inductor caches no frozen graph) and the GGUF's blocks (unfrozen: cached on disk, and a later
-start loads them, which a test here checks in two processes of their own). The runner-level tests run
+Inductor caches no frozen graph) and the GGUF's blocks (unfrozen: cached on disk; a start
+without them serves eager while a child process builds them, and a later start loads them, which
+a test here checks in processes of their own). The runner-level tests run
 eager and compiled: per-row parameters, streaming and cancellation must hold either way, and each
 compiled runner must give its eager runner's tokens. Every round here fits one cache length (64):
 two graphs a form, one row and a round padded to the batch size (4), compiled once for the module
@@ -12,6 +13,7 @@ by warm_up (their cost: docs/testing.md).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import queue
@@ -24,6 +26,7 @@ import pytest
 from batcher import fence
 from batcher.sampling import SamplingParams
 from batcher.sequence import Sequence
+from batcher.static import graphs
 from batcher.static.runner import Runner, cache_bucket
 from batcher.static.worker import StaticWorker
 from service import create_app, shutdown
@@ -186,20 +189,22 @@ def test_prompt_logprobs_come_from_the_eager_prefill_and_compile_nothing_new(pai
     assert [[t for t, _, _ in r.top] for r in mine] == [[t for t, _, _ in r.top] for r in theirs]
 
 
-def test_a_later_start_loads_the_blocks_graphs_instead_of_compiling(tiny, tmp_path):
-    """The blocks' graphs, compiled by one start (as the profile's child or a first start compiles
-    them), are loaded by the next, a process of its own: no graph compiled again, the same tokens."""
+def test_the_graphs_a_child_builds_are_loaded_by_a_later_start(tiny, eager_runners, tmp_path):
+    """The blocks' graphs, built by the child a start without them runs (batcher/static/graphs.py,
+    as the profile's child also builds them), are loaded by the next start, a process of its own:
+    none compiled again, and the eager runner's tokens."""
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
-    args = [sys.executable, "-m", CHILD, tiny[1], json.dumps(SMALL), PROMPTS[0]]
-    starts = []
-    for _ in range(2):
-        done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr[-3000:]
-        starts.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    first, later = starts
-    assert first["fxgraph_cache_miss"] == 2 and first["fxgraph_cache_hit"] == 0, first
+    settings = static_settings(tiny[1], static_weights="blocks", static_compile="1", batch_size=4, **SMALL)
+    build = [sys.executable, "-m", "batcher.static.graphs", json.dumps(dataclasses.asdict(settings))]
+    done = subprocess.run(build, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "built and stored" in done.stderr, done.stderr[-3000:]
+    start = [sys.executable, "-m", CHILD, tiny[1], json.dumps(SMALL), PROMPTS[0]]
+    done = subprocess.run(start, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    later = json.loads(done.stdout.strip().splitlines()[-1])
     assert later["fxgraph_cache_hit"] == 2 and later["fxgraph_cache_miss"] == 0, later
-    assert later["text"] == first["text"]
+    expected = run(eager_runners["blocks"], [Sequence(PROMPTS[0], SamplingParams(max_tokens=8))])[0][0]
+    assert later["text"] == expected
 
 
 def test_a_prompt_that_extends_the_last_one_prefills_only_what_is_new(runner, monkeypatch):
@@ -238,22 +243,39 @@ def test_bad_values_are_refused():
         Config(static_weights="blocks", dtype="float16")
 
 
-def test_the_service_compiles_before_it_reports_ready_and_serves_compiled(tiny, compiled_runners, tmp_path):
-    """MODEL=<the GGUF file>, its blocks compiled: ready once its graphs are, and serving them."""
+def test_a_start_without_stored_graphs_serves_eager_then_switches_and_a_later_start_loads_them(
+    tiny, compiled_runners, tmp_path, monkeypatch
+):
+    """MODEL=<the GGUF file>, its blocks compiled, no graphs stored (a cache of its own): ready at
+    once, decoding eager while a child process builds the graphs (batcher/static/graphs.py), then
+    decoding through them, loaded, not compiled; the next start finds them stored and is ready once
+    it has loaded them. Every answer the compiled runner's."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     settings = {"model": tiny[0], "cache_dir": str(tmp_path), "static_weights": "blocks", **SMALL}
-    app = create_app(Config(vllm_enabled=False, static_compile="1", **settings))
-    try:
-        static = app_state(app).engines["static"]
-        assert static.wait_ready(900), engine_health(static)
-        health = app.test_client().get("/health").json["engines"]["static"]
-        assert health["phase"] == "ready" and health["phase_seconds"]["compiling"] > 0
-        assert static.runner.compiles and static.runner.blocks
-        reply = post(app.test_client(), "/generate", {"prompts": [PROMPTS[0]], "max_tokens": 8})
-        assert reply.status_code == 200
-        expected = run(compiled_runners["blocks"], [Sequence(PROMPTS[0], SamplingParams(max_tokens=8))])
-        assert reply.json["generated_texts"] == [expected[0][0]]
-    finally:
-        shutdown(app)
+    expected = run(compiled_runners["blocks"], [Sequence(PROMPTS[0], SamplingParams(max_tokens=8))])[0][0]
+    for start in ("first", "later"):
+        app = create_app(Config(vllm_enabled=False, static_compile="1", **settings))
+        try:
+            static = app_state(app).engines["static"]
+            assert static.wait_ready(900), engine_health(static)
+            health = app.test_client().get("/health").json["engines"]["static"]
+            if start == "first":  # the child needs seconds to import torch alone: it is still building
+                assert health["graphs"].startswith("building") and not static.runner.compiles, health
+                assert "compiling" not in health["phase_seconds"]
+                assert post(app.test_client(), "/generate", {"prompts": [PROMPTS[0]], "max_tokens": 8}).json[
+                    "generated_texts"
+                ] == [expected]
+                assert static.graphs_settled.wait(900)
+            else:
+                assert health["phase_seconds"]["compiling"] > 0 and "graphs" not in health
+            # nothing compiled in this process: loaded from the child's (a process of its own loads
+            # them from disk: the test above), or this module's compiled runners' own
+            assert static.runner.compiles and static.warm_up_graphs["compiled"] == 0, static.warm_up_graphs
+            assert graphs.stored(static.settings)
+            reply = post(app.test_client(), "/generate", {"prompts": [PROMPTS[0]], "max_tokens": 8})
+            assert reply.json["generated_texts"] == [expected]
+        finally:
+            shutdown(app)
 
 
 class _Compiles(Runner):

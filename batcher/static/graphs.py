@@ -1,0 +1,103 @@
+"""The compiled decode step's graphs, never compiled cold on a start: a start whose graphs are not
+stored serves eager at once and builds them in a child process, then switches.
+
+Only the GGUF's blocks form is built aside: its graphs are unfrozen, so Inductor stores them on
+disk and another process loads them (the dense forms freeze their weights into each graph, which
+Inductor never stores: a child's build would be lost, so they still compile at the start).
+
+- `stored(settings)`: a marker under Inductor's cache folder, written once a process has made this
+  form's graphs (its warm-up: the shortest cache, one row and a full round), keyed by what the
+  graphs depend on: the model, the form, the shapes, torch. Gone with the cache it stands for.
+- `Build`: `python -m batcher.static.graphs SETTINGS_JSON`, the runner's warm-up alone in a process
+  of its own (the worker's environment, so the same cache and keys), which writes the marker. The
+  worker's model thread polls it between rounds and, when it is done, makes the runner compiled and
+  warms it up again: the graphs are loaded, not compiled, under the fences a compile takes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from batcher.settings import BLOCKS, StaticSettings
+
+log = logging.getLogger(__name__)
+
+
+def _marker(settings: StaticSettings) -> Path:
+    import torch
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    from batcher.checkpoint import gguf_source
+
+    source = gguf_source(settings.model_path)
+    stat = source.stat() if source is not None else None
+    what = {
+        "model": os.path.abspath(settings.model_path),
+        "source": [str(source), stat.st_size, stat.st_mtime_ns] if stat else None,
+        "form": [settings.device, settings.dtype, settings.batch_size],
+        "cache": [settings.max_input_tokens, settings.max_tokens_limit],
+        "torch": torch.__version__,
+    }
+    key = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:24]
+    return Path(cache_dir()) / "static-graphs" / key
+
+
+def builds_aside(settings: StaticSettings) -> bool:
+    """Whether this form's graphs may be built in a child process (stored on disk: blocks on a CPU)."""
+    return settings.compile and settings.dtype == BLOCKS and settings.device == "cpu"
+
+
+def stored(settings: StaticSettings) -> bool:
+    return _marker(settings).is_file()
+
+
+def mark(settings: StaticSettings) -> None:
+    marker = _marker(settings)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps({"model": settings.model_path, "dtype": settings.dtype}) + "\n")
+
+
+class Build:
+    """The child process that builds the graphs: `done()` is None while it runs, then whether it
+    made them (its log lines go to the worker's stderr, named)."""
+
+    def __init__(self, settings: StaticSettings):
+        shown = json.dumps(dataclasses.asdict(settings))
+        self.process = subprocess.Popen([sys.executable, "-m", __name__, shown], stdin=subprocess.DEVNULL)
+        log.info("static engine: serving eager while a child process (pid %d) builds the graphs", self.process.pid)
+
+    def done(self) -> bool | None:
+        code = self.process.poll()
+        return None if code is None else code == 0
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+def main(shown: str) -> None:
+    from batcher.compile_cache import import_torch_first, use_compile_cache
+
+    import_torch_first()  # as the service does: the caches' keys depend on it
+    logging.basicConfig(level=logging.INFO, format="graph build: %(message)s")
+    values = json.loads(shown)
+    values["profile_step_s"] = tuple(tuple(pair) for pair in values["profile_step_s"])
+    settings = StaticSettings(**values)
+    use_compile_cache("", settings.device)  # the worker's folders (inherited), and the keys' settings
+    from batcher.static.runner import Runner, set_torch_threads
+    set_torch_threads(settings.torch_threads)
+    seconds = Runner(settings).warm_up()
+    mark(settings)
+    log.info("the static engine's graphs are built and stored in %.1fs", seconds)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
