@@ -56,8 +56,8 @@ def _static(settings: StaticSettings) -> SimpleNamespace:
     started, batch = time.perf_counter(), settings.batch_size
     runner = Runner(settings)
     compile_s = runner.warm_up() if runner.compiles else None
-    if graphs.builds_aside(settings):  # stored: a service start with these settings loads them
-        graphs.mark(settings)
+    for shape in runner.first_shapes() if graphs.builds_aside(settings) else []:
+        graphs.mark(settings, shape)  # stored: a service start with these settings loads them
     built = {"start_s": time.perf_counter() - started, "compile_s": compile_s, "dtype": str(runner.dtype)}
 
     def generate(prompts: list[str], max_tokens: int, ignore_eos: bool = True, size: int = 0) -> list[list[int]]:

@@ -1,17 +1,18 @@
-"""The compiled decode step's graphs, never compiled cold on a start: a start whose graphs are not
-stored serves eager at once and builds them in a child process, then switches.
+"""The compiled decode step's graphs, never compiled cold on a round's path: a graph not stored
+is built in a child process while the rounds that need it decode eager, then loaded.
 
 Only the GGUF's blocks form is built aside: its graphs are unfrozen, so Inductor stores them on
 disk and another process loads them (the dense forms freeze their weights into each graph, which
-Inductor never stores: a child's build would be lost, so they still compile at the start).
+Inductor never stores: a child's build would be lost, so they still compile where they are needed).
 
-- `stored(settings)`: a marker under Inductor's cache folder, written once a process has made this
-  form's graphs (its warm-up: the shortest cache, one row and a full round), keyed by what the
-  graphs depend on: the model, the form, the shapes, torch. Gone with the cache it stands for.
-- `Build`: `python -m batcher.static.graphs SETTINGS_JSON`, the runner's warm-up alone in a process
-  of its own (the worker's environment, so the same cache and keys), which writes the marker. The
-  worker's model thread polls it between rounds and, when it is done, makes the runner compiled and
-  warms it up again: the graphs are loaded, not compiled, under the fences a compile takes.
+- `stored(settings, shape)`: a marker under Inductor's cache folder, written once a process has
+  made that graph (one width and cache length: batcher/static/shapes.py), keyed by what it
+  depends on: the model, the form, the shapes, torch. Gone with the cache it stands for.
+- `Build`: `python -m batcher.static.graphs SETTINGS_JSON SHAPES_JSON`, the runner's warm-up of
+  those shapes alone in a process of its own (the worker's environment, so the same cache and
+  keys), which writes their markers. The worker's model thread looks at it between rounds and,
+  when it is done, warms the shapes up itself: loaded, not compiled, under the fences a compile
+  takes (batcher/static/worker.py).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from batcher.settings import BLOCKS, StaticSettings
 log = logging.getLogger(__name__)
 
 
-def _marker(settings: StaticSettings) -> Path:
+def _marker(settings: StaticSettings, shape: tuple[int, int]) -> Path:
     import torch
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
@@ -46,7 +47,7 @@ def _marker(settings: StaticSettings) -> Path:
         "torch": torch.__version__,
     }
     key = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:24]
-    return Path(cache_dir()) / "static-graphs" / key
+    return Path(cache_dir()) / "static-graphs" / f"{key}-{shape[0]}x{shape[1]}"
 
 
 def builds_aside(settings: StaticSettings) -> bool:
@@ -54,24 +55,26 @@ def builds_aside(settings: StaticSettings) -> bool:
     return settings.compile and settings.dtype == BLOCKS and settings.device == "cpu"
 
 
-def stored(settings: StaticSettings) -> bool:
-    return _marker(settings).is_file()
+def stored(settings: StaticSettings, shape: tuple[int, int]) -> bool:
+    return _marker(settings, shape).is_file()
 
 
-def mark(settings: StaticSettings) -> None:
-    marker = _marker(settings)
+def mark(settings: StaticSettings, shape: tuple[int, int]) -> None:
+    marker = _marker(settings, shape)
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text(json.dumps({"model": settings.model_path, "dtype": settings.dtype}) + "\n")
 
 
 class Build:
-    """The child process that builds the graphs: `done()` is None while it runs, then whether it
-    made them (its log lines go to the worker's stderr, named)."""
+    """The child process that builds the graphs of `shapes`: `done()` is None while it runs, then
+    whether it made them (its log lines go to the worker's stderr, named)."""
 
-    def __init__(self, settings: StaticSettings):
-        shown = json.dumps(dataclasses.asdict(settings))
-        self.process = subprocess.Popen([sys.executable, "-m", __name__, shown], stdin=subprocess.DEVNULL)
-        log.info("static engine: serving eager while a child process (pid %d) builds the graphs", self.process.pid)
+    def __init__(self, settings: StaticSettings, shapes: list[tuple[int, int]]):
+        self.shapes = shapes
+        args = [json.dumps(dataclasses.asdict(settings)), json.dumps(shapes)]
+        self.process = subprocess.Popen([sys.executable, "-m", __name__, *args], stdin=subprocess.DEVNULL)
+        shown = ", ".join(f"{rows} row(s) x {length}" for rows, length in shapes)
+        log.info("static engine: a child process (pid %d) builds the graphs of %s", self.process.pid, shown)
 
     def done(self) -> bool | None:
         code = self.process.poll()
@@ -83,7 +86,7 @@ class Build:
             self.process.wait()
 
 
-def main(shown: str) -> None:
+def main(shown: str, shapes: str) -> None:
     from batcher.compile_cache import import_torch_first, use_compile_cache
 
     import_torch_first()  # as the service does: the caches' keys depend on it
@@ -93,11 +96,14 @@ def main(shown: str) -> None:
     settings = StaticSettings(**values)
     use_compile_cache("", settings.device)  # the worker's folders (inherited), and the keys' settings
     from batcher.static.runner import Runner, set_torch_threads
+
     set_torch_threads(settings.torch_threads)
-    seconds = Runner(settings).warm_up()
-    mark(settings)
+    wanted = [tuple(shape) for shape in json.loads(shapes)]
+    seconds = Runner(settings).warm_up(wanted)
+    for shape in wanted:
+        mark(settings, shape)
     log.info("the static engine's graphs are built and stored in %.1fs", seconds)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])

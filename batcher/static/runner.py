@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Callable
 
 import torch
 from transformers import (
@@ -23,7 +24,6 @@ from transformers import (
     AutoTokenizer,
     CompileConfig,
     GenerationConfig,
-    StaticCache,
     StoppingCriteriaList,
 )
 
@@ -37,6 +37,7 @@ from batcher.static.linear import half_weights, pack_linears, packs
 from batcher.static.prefix import PrefixCache
 from batcher.static.prompt_logprobs import PromptLogprobs
 from batcher.static.rows import RoundRows
+from batcher.static.shapes import Shape, cache_bucket, graph_width, pad_rows, static_cache
 
 log = logging.getLogger(__name__)
 
@@ -74,16 +75,6 @@ def compile_config(device: str) -> CompileConfig:
     return config
 
 
-def graph_width(rows: int, max_batch: int) -> int:
-    """A compiled round's rows: one prompt alone (its own, cheaper graph), more padded to `max_batch`."""
-    return 1 if rows == 1 else max_batch
-
-
-def cache_bucket(needed: int, ceiling: int) -> int:
-    """A static cache's length: the next power of two from 64 (a few graphs; short rounds stay short)."""
-    return min(max(64, 1 << (needed - 1).bit_length()), ceiling)
-
-
 class Runner:
     """A causal LM and its tokenizer, ready to run rounds. Not thread-safe: one model thread."""
 
@@ -98,7 +89,9 @@ class Runner:
         self.max_batch = settings.batch_size
         self.max_cache_len = settings.max_input_tokens + settings.max_tokens_limit
         model_path = settings.model_path
-        self._graphs: set[tuple[int, int]] = set()  # (graph_width, cache length) compiled so far
+        self._graphs: set[Shape] = set()  # (graph_width, cache length) compiled so far
+        # whether a round may make a graph not made yet (else it runs eager): the worker's gate
+        self.may_compile: Callable[[Shape], bool] = lambda shape: True
         self.prefix = PrefixCache(settings.prefix_cache)
         if self.compile_config is not None:  # a graph per width and cache length (cache_bucket), not more
             limit = 2 * cache_bucket(self.max_cache_len, self.max_cache_len).bit_length()
@@ -135,24 +128,31 @@ class Runner:
 
     compiles = property(lambda self: self.compile_config is not None)
 
-    def needs_compile(self, inputs: dict[str, torch.Tensor], max_tokens: int) -> bool:
-        """Whether this round would compile a new graph (a width and cache length not seen yet)."""
+    def shape(self, inputs: dict[str, torch.Tensor], max_tokens: int) -> Shape | None:
+        """The graph this round decodes through, or None: eager (not compiled, or a graph that
+        `may_compile` does not let this round make: it runs eager meanwhile)."""
         if self.compile_config is None:
-            return False
+            return None
         rows, length = inputs["input_ids"].shape
-        return (graph_width(rows, self.max_batch), self._cache_len(length + max_tokens)) not in self._graphs
+        shape = (graph_width(rows, self.max_batch), cache_bucket(length + max_tokens, self.max_cache_len))
+        return shape if shape in self._graphs or self.may_compile(shape) else None
 
-    def _cache_len(self, needed: int) -> int:
-        return cache_bucket(needed, self.max_cache_len)
+    def needs_compile(self, inputs: dict[str, torch.Tensor], max_tokens: int) -> bool:
+        """Whether this round would make a new graph (a width and cache length not seen yet)."""
+        shape = self.shape(inputs, max_tokens)
+        return shape is not None and shape not in self._graphs
 
-    def warm_up(self) -> float:
-        """Compile the decode graphs of the shortest cache (one row, and a padded round) before the
-        first request pays for them; seconds. Longer rounds compile theirs when they first come
-        (the log says so)."""
+    def first_shapes(self) -> list[Shape]:
+        """The graphs a warm-up makes by default: the shortest cache, one row and a padded round."""
+        return [(rows, cache_bucket(1, self.max_cache_len)) for rows in sorted({1, self.max_batch})]
+
+    def warm_up(self, shapes: list[Shape] | None = None) -> float:
+        """Make these decode graphs (`first_shapes` by default) before a request pays for them;
+        seconds. Other rounds make theirs when they first come (the log says so)."""
         started = time.perf_counter()
-        for rows in sorted({1, self.max_batch}):
+        for rows, length in shapes or self.first_shapes():
             seqs = [Sequence("Hello", SamplingParams(max_tokens=2, ignore_eos=True)) for _ in range(rows)]
-            self.generate(seqs, self.encode([seq.prompt for seq in seqs]))
+            self.generate(seqs, self.encode([seq.prompt for seq in seqs]), cache_len=length)
         return time.perf_counter() - started
 
     def encode(self, prompts: list[Prompt]) -> dict[str, torch.Tensor]:
@@ -173,16 +173,28 @@ class Runner:
 
     @torch.inference_mode()
     def generate(
-        self, seqs: list[Sequence], inputs: dict[str, torch.Tensor], failures: RowFailures | None = None
+        self,
+        seqs: list[Sequence],
+        inputs: dict[str, torch.Tensor],
+        failures: RowFailures | None = None,
+        cache_len: int | None = None,
     ) -> list[str]:
         """Run one round: each sequence receives its tokens and text (streamed as they come);
         returns the finish reasons, in the order of `seqs`. The caller finishes the sequences.
-        A row whose own work raised ends at once with reason "failed", its error in `failures`."""
-        real, cache_len, extra = len(seqs), None, {}
+        A row whose own work raised ends at once with reason "failed", its error in `failures`.
+        `cache_len`: this static cache's graph (warm_up), not the round's own."""
+        real, extra = len(seqs), {}
         failures = failures if failures is not None else RowFailures()
-        if self.compile_config is not None:
-            seqs, inputs, cache_len = self._static_shapes(seqs, inputs)
-            extra["past_key_values"] = self._static_cache(len(seqs), cache_len)
+        if cache_len is not None and self.compile_config is not None:
+            shape = (graph_width(len(seqs), self.max_batch), cache_len)
+        else:
+            shape = self.shape(inputs, max(s.params.max_tokens for s in seqs))
+        cache_len = None if shape is None else shape[1]
+        if shape is not None:
+            seqs, inputs = pad_rows(seqs, inputs, shape[0])
+            extra["past_key_values"] = static_cache(self.model, shape[0], cache_len, self.device)
+            if shape not in self._graphs:
+                log.info("static engine: compiling the decode step for %d row(s), a %d-token cache", *shape)
         kept = self.prefix.before(seqs, inputs, extra, cache_len, self.model.config)  # batcher/static/prefix.py
         processors, recorder, sample = per_row.build(
             seqs, self.tokenizer, sorted(self.eos_ids), inputs["attention_mask"], self.model.config.vocab_size, failures
@@ -199,10 +211,9 @@ class Runner:
             pad_token_id=self.tokenizer.pad_token_id,
             eos_token_id=sorted(self.eos_ids),
         )
-        if self.compile_config is not None:
+        if shape is not None:
             config.compile_config = self.compile_config
-        compiling = cache_len is not None and (len(seqs), cache_len) not in self._graphs
-        compiling = compiling and self.device == "cpu" and not self.blocks
+        compiling = shape is not None and shape not in self._graphs and self.device == "cpu" and not self.blocks
         with (
             torch._inductor.config.patch(CPU_OPTIONS) if compiling else contextlib.nullcontext(),
             PromptLogprobs(seqs, inputs, self.tokenizer, failures).hooked(self.model),  # read off the prefill
@@ -215,36 +226,7 @@ class Runner:
                 streamer=rows,
                 **extra,
             )
-        if cache_len is not None:  # compiled: this width and cache length's graph exists now
-            self._graphs.add((len(seqs), cache_len))
+        if shape is not None:  # compiled: this width and cache length's graph exists now
+            self._graphs.add(shape)
         self.prefix.after(kept)
         return [rows.finish(row) for row in range(real)]
-
-    def _static_shapes(self, seqs: list[Sequence], inputs: dict[str, torch.Tensor]):
-        """A compiled round's fixed shapes, so that one graph per width and cache length serves
-        every round: a round of 2 or more is padded to `max_batch` rows (graph_width) with throwaway
-        copies of its first row (one token each, never returned); returns them with the static
-        cache's length (a `cache_bucket`)."""
-        fill = graph_width(len(seqs), self.max_batch) - len(seqs)
-        if fill > 0:
-            seqs = seqs + [Sequence(seqs[0].prompt, SamplingParams(max_tokens=1)) for _ in range(fill)]
-            inputs = {k: torch.cat([v, v[:1].expand(fill, -1)]) for k, v in inputs.items()}
-        length = self._cache_len(inputs["input_ids"].shape[1] + max(s.params.max_tokens for s in seqs))
-        if (len(seqs), length) not in self._graphs:
-            log.info("static engine: compiling the decode step for %d row(s), a %d-token cache", len(seqs), length)
-        return seqs, inputs, length
-
-    def _static_cache(self, rows: int, length: int) -> StaticCache:
-        """The round's KV cache, made before the prefill. On a CPU its tensors are not marked as
-        static addresses, as transformers marks them for CUDA graphs: freezing (CPU_OPTIONS) takes
-        a static input for a parameter and folds it into the graph as a constant, so that every
-        step would read the cache as it was at compile time (seen: an index out of bounds)."""
-        config = self.model.config
-        cache = StaticCache(config=config, max_cache_len=length)
-        if self.device == "cpu":
-            head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-            cache.early_initialization(rows, config.num_key_value_heads, head_dim, self.model.dtype, self.device)
-            for layer in cache.layers:
-                for tensor in (layer.keys, layer.values, layer.cumulative_length):
-                    del tensor._dynamo_static_input_type  # torch._dynamo.mark_static_address's mark
-        return cache

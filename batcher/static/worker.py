@@ -23,8 +23,8 @@ from batcher.sequence import Sequence
 from batcher.settings import StaticSettings
 from batcher.static import graphs
 from batcher.static.isolation import RowFailures
-from batcher.static.prefix import PrefixCache
-from batcher.static.runner import Runner, compile_config, set_torch_threads
+from batcher.static.runner import Runner, set_torch_threads
+from batcher.static.shapes import Shape
 
 log = logging.getLogger(__name__)
 
@@ -55,13 +55,21 @@ class StaticWorker(EngineThread):
         self.metrics.inflight.set_function(self.inflight)
         self.settings = settings
         self.runner: Runner | None = None
-        self.graphs: graphs.Build | None = None  # the child building the compiled step's graphs
-        self.graphs_settled = threading.Event()  # set once that child's graphs are in use, or it failed
+        # the blocks' graphs built aside (graphs.py): the child building some, the shapes rounds
+        # asked for since, those a child failed to build (eager for good), and whether none is pending
+        self.graphs: graphs.Build | None = None
+        self.graphs_wanted: set[Shape] = set()
+        self.graphs_failed: set[Shape] = set()
+        self.graphs_settled = threading.Event()
         self.warm_up_graphs: dict[str, int] = {}  # what the last warm-up's graphs came from
         self.rounds = 0
 
     def details(self) -> dict:
-        building = {"graphs": "building in a child process; decoding eager"} if self.graphs is not None else {}
+        building = {}
+        if self.graphs is not None:
+            building["graphs"] = (
+                f"building {len(self.graphs.shapes)} in a child process; rounds needing them decode eager"
+            )
         return {"rounds": self.rounds, **building}
 
     def kv_cache(self) -> tuple[float, None, None]:
@@ -78,21 +86,24 @@ class StaticWorker(EngineThread):
         with fence.static_round():
             self.runner = self._load_runner()
         self.vocab_size = self.runner.model.config.vocab_size
-        if self.runner.compiles and graphs.builds_aside(self.settings) and not graphs.stored(self.settings):
-            self.runner.compile_config = None  # eager until the child has built them (graphs.py)
-            self.graphs = graphs.Build(self.settings)
-        elif self.runner.compiles:  # STATIC_COMPILE: the first graph, before any request waits on it
+        if self.runner.compiles and graphs.builds_aside(self.settings):
+            self.runner.may_compile = self._may_compile  # graphs.py: never a cold compile on a round's path
+            missing = {shape for shape in self.runner.first_shapes() if not graphs.stored(self.settings, shape)}
+            if missing:  # ready at once, eager, while a child builds them (the serve loop starts it)
+                self.graphs_wanted |= missing
+                return
+        if self.runner.compiles:  # STATIC_COMPILE: the first graphs, before any request waits on them
             self._enter_phase("compiling")
-            self._warm_up()
+            self._warm_up(self.runner.first_shapes())
 
-    def _warm_up(self) -> None:
+    def _warm_up(self, shapes: list[Shape]) -> None:
         set_torch_threads(self.torch_threads)
         from torch._dynamo.utils import counters
 
         kinds = ("fxgraph_cache_hit", "fxgraph_cache_miss", "fxgraph_cache_bypass")
         before = [counters["inductor"][kind] for kind in kinds]  # process-wide: vLLM's count too
         with fence.model_work(), fence.static_round():  # in fence.py's order
-            seconds = self.runner.warm_up()
+            seconds = self.runner.warm_up(shapes)
         loaded, compiled, frozen = (counters["inductor"][kind] - n for kind, n in zip(kinds, before, strict=True))
         self.warm_up_graphs = {"loaded": loaded, "compiled": compiled, "frozen": frozen}
         log.info(
@@ -100,30 +111,45 @@ class StaticWorker(EngineThread):
             "%d compiled and stored, %d compiled uncacheable: frozen weights)",
             seconds, loaded, compiled, frozen,
         )  # fmt: skip
-        if graphs.builds_aside(self.settings):
-            graphs.mark(self.settings)
+        for shape in shapes if graphs.builds_aside(self.settings) else []:
+            graphs.mark(self.settings, shape)
 
-    def _switch_when_built(self) -> None:
-        """Between rounds: once the child has built the graphs, decode through them (loaded, not
-        compiled); a failed build leaves the engine eager, and the log says so."""
-        built = self.graphs.done()
-        if built is None:
-            return
-        self.graphs = None
-        if built:
-            self.runner.compile_config = compile_config(self.settings.device)
-            self.runner.prefix = PrefixCache(self.settings.prefix_cache)  # an eager round's cache is not static
-            self._warm_up()
-            log.info("static engine: switched to the compiled decode step after %d eager rounds", self.rounds)
+    def _may_compile(self, shape: Shape) -> bool:
+        """The runner's gate (model thread): a stored graph is loaded where a round needs it; one
+        not stored is asked of a child process, and the round decodes eager meanwhile."""
+        if graphs.stored(self.settings, shape):
+            return True
+        if shape not in self.graphs_failed:
+            self.graphs_wanted.add(shape)
+            self.graphs_settled.clear()  # before this round's rows finish: a build is pending
+        return False
+
+    def _tend_graphs(self) -> None:
+        """Between rounds: a finished build's graphs loaded (a failed one's shapes stay eager, logged),
+        and a new build for the shapes rounds asked for since."""
+        if self.graphs is not None:
+            built = self.graphs.done()
+            if built is None:
+                return
+            shapes, self.graphs = self.graphs.shapes, None
+            if built:
+                self._warm_up(shapes)
+            else:
+                self.graphs_failed.update(shapes)
+                log.error("static engine: a child process failed to build graphs %s; they stay eager", shapes)
+        wanted = sorted(s for s in self.graphs_wanted if not graphs.stored(self.settings, s))
+        self.graphs_wanted.clear()
+        if wanted:
+            self.graphs = graphs.Build(self.settings, wanted)
+            self.graphs_settled.clear()
         else:
-            log.error("static engine: the child process failed to build the graphs; decoding stays eager")
-        self.graphs_settled.set()
+            self.graphs_settled.set()
 
     def _serve(self) -> None:
         while not self.lifecycle.stopping.is_set():
-            if self.graphs is not None:
-                self._switch_when_built()
-            idle = GRAPHS_POLL_S if self.graphs is not None else None
+            if self.graphs is not None or self.graphs_wanted:
+                self._tend_graphs()
+            idle = GRAPHS_POLL_S if self.graphs is not None or self.graphs_wanted else None
             batch = self.workload.next_batch(self.batch_size, self.batch_wait_s, idle, fill_s=BATCH_FILL_S)
             if batch and self.lifecycle.stopping.is_set():  # taken while stop() was abandoning
                 self._abandon()

@@ -27,7 +27,8 @@ from batcher import fence
 from batcher.sampling import SamplingParams
 from batcher.sequence import Sequence
 from batcher.static import graphs
-from batcher.static.runner import Runner, cache_bucket
+from batcher.static.runner import Runner
+from batcher.static.shapes import cache_bucket
 from batcher.static.worker import StaticWorker
 from service import create_app, shutdown
 from service.config import Config
@@ -195,7 +196,8 @@ def test_the_graphs_a_child_builds_are_loaded_by_a_later_start(tiny, eager_runne
     none compiled again, and the eager runner's tokens."""
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
     settings = static_settings(tiny[1], static_weights="blocks", static_compile="1", batch_size=4, **SMALL)
-    build = [sys.executable, "-m", "batcher.static.graphs", json.dumps(dataclasses.asdict(settings))]
+    shapes = json.dumps([[1, 64], [4, 64]])  # what a start warms up (Runner.first_shapes)
+    build = [sys.executable, "-m", "batcher.static.graphs", json.dumps(dataclasses.asdict(settings)), shapes]
     done = subprocess.run(build, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and "built and stored" in done.stderr, done.stderr[-3000:]
     start = [sys.executable, "-m", CHILD, tiny[1], json.dumps(SMALL), PROMPTS[0]]
@@ -243,16 +245,29 @@ def test_bad_values_are_refused():
         Config(static_weights="blocks", dtype="float16")
 
 
-def test_a_start_without_stored_graphs_serves_eager_then_switches_and_a_later_start_loads_them(
-    tiny, compiled_runners, tmp_path, monkeypatch
+def test_graphs_not_stored_are_built_aside_while_rounds_decode_eager_and_a_later_start_loads_them(
+    tiny, eager_runners, tmp_path, monkeypatch
 ):
     """MODEL=<the GGUF file>, its blocks compiled, no graphs stored (a cache of its own): ready at
-    once, decoding eager while a child process builds the graphs (batcher/static/graphs.py), then
-    decoding through them, loaded, not compiled; the next start finds them stored and is ready once
-    it has loaded them. Every answer the compiled runner's."""
+    once, decoding eager while a child process builds the first graphs (batcher/static/graphs.py),
+    then decoding through them, loaded, not compiled; a round needing a longer cache's graph runs
+    eager and has it built the same way. The next start finds them stored: ready once it has
+    loaded the first, and the longer one loaded where a round needs it. Every answer the eager
+    runner's. (That the worker loads what the child built, not compiles it, a process of its own
+    shows, the test above: this one imported torch and Inductor's settings in another order.)"""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    settings = {"model": tiny[0], "cache_dir": str(tmp_path), "static_weights": "blocks", **SMALL}
-    expected = run(compiled_runners["blocks"], [Sequence(PROMPTS[0], SamplingParams(max_tokens=8))])[0][0]
+    settings = {"model": tiny[0], "cache_dir": str(tmp_path), "static_weights": "blocks"}
+    settings |= {"max_input_tokens": 24, "max_new_tokens_limit": 104}  # caches of 64 and 128
+    short, long = ({"prompts": [PROMPTS[0]], "max_tokens": n} for n in (8, 80))
+    expected = {
+        n: run(eager_runners["blocks"], [Sequence(PROMPTS[0], SamplingParams(max_tokens=n))])[0][0] for n in (8, 80)
+    }
+
+    def generated(app, body) -> str:
+        reply = post(app.test_client(), "/generate", body)
+        assert reply.status_code == 200, reply.json
+        return reply.json["generated_texts"][0]
+
     for start in ("first", "later"):
         app = create_app(Config(vllm_enabled=False, static_compile="1", **settings))
         try:
@@ -260,20 +275,18 @@ def test_a_start_without_stored_graphs_serves_eager_then_switches_and_a_later_st
             assert static.wait_ready(900), engine_health(static)
             health = app.test_client().get("/health").json["engines"]["static"]
             if start == "first":  # the child needs seconds to import torch alone: it is still building
-                assert health["graphs"].startswith("building") and not static.runner.compiles, health
-                assert "compiling" not in health["phase_seconds"]
-                assert post(app.test_client(), "/generate", {"prompts": [PROMPTS[0]], "max_tokens": 8}).json[
-                    "generated_texts"
-                ] == [expected]
-                assert static.graphs_settled.wait(900)
+                assert health["graphs"].startswith("building 2") and "compiling" not in health["phase_seconds"]
+                assert generated(app, short) == expected[8]
+                assert static.graphs_settled.wait(900) and static.runner.first_shapes() == sorted(static.runner._graphs)
+                assert generated(app, long) == expected[80]  # eager: its graph is asked of a child
+                assert (1, 128) not in static.runner._graphs
+                assert static.graphs_settled.wait(900) and (1, 128) in static.runner._graphs
             else:
                 assert health["phase_seconds"]["compiling"] > 0 and "graphs" not in health
-            # nothing compiled in this process: loaded from the child's (a process of its own loads
-            # them from disk: the test above), or this module's compiled runners' own
-            assert static.runner.compiles and static.warm_up_graphs["compiled"] == 0, static.warm_up_graphs
-            assert graphs.stored(static.settings)
-            reply = post(app.test_client(), "/generate", {"prompts": [PROMPTS[0]], "max_tokens": 8})
-            assert reply.json["generated_texts"] == [expected]
+                assert static.runner.first_shapes() == sorted(static.runner._graphs)
+            assert generated(app, long) == expected[80] and (1, 128) in static.runner._graphs
+            assert generated(app, short) == expected[8]
+            assert all(graphs.stored(static.settings, shape) for shape in static.runner._graphs)
         finally:
             shutdown(app)
 
