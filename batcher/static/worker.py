@@ -89,8 +89,8 @@ class StaticWorker(EngineThread):
         if self.runner.compiles and graphs.builds_aside(self.settings):
             self.runner.may_compile = self._may_compile  # graphs.py: never a cold compile on a round's path
             missing = {shape for shape in self.runner.first_shapes() if not graphs.stored(self.settings, shape)}
-            if missing:  # ready at once, eager, while a child builds them (the serve loop starts it)
-                self.graphs_wanted |= missing
+            if missing:  # ready at once, eager, while a child builds them
+                self.graphs = graphs.Build(self.settings, sorted(missing))
                 return
         if self.runner.compiles:  # STATIC_COMPILE: the first graphs, before any request waits on them
             self._enter_phase("compiling")
