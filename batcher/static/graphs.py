@@ -29,6 +29,11 @@ from pathlib import Path
 from batcher.settings import BLOCKS, StaticSettings
 
 log = logging.getLogger(__name__)
+# Inductor's settings for these graphs, set around the round that makes or loads one (Runner.generate):
+# cpp_wrapper calls a step's kernels from C++, not through Python, about 1.5 ms less a decode step
+# of SmolLM2-135M; a graph's build takes about three times as long, in the child
+# (docs/performance.md#the-blocks-graphs-built-aside). Part of the markers' key: other settings, other graphs.
+OPTIONS = {"cpp_wrapper": True}
 
 
 def _marker(settings: StaticSettings, shape: tuple[int, int]) -> Path:
@@ -45,6 +50,7 @@ def _marker(settings: StaticSettings, shape: tuple[int, int]) -> Path:
         "form": [settings.device, settings.dtype, settings.batch_size],
         "cache": [settings.max_input_tokens, settings.max_tokens_limit],
         "torch": torch.__version__,
+        "inductor": OPTIONS,
     }
     key = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:24]
     return Path(cache_dir()) / "static-graphs" / f"{key}-{shape[0]}x{shape[1]}"

@@ -30,7 +30,7 @@ from transformers import (
 from batcher.sampling import SamplingParams
 from batcher.sequence import Prompt, Sequence
 from batcher.settings import BLOCKS, StaticSettings
-from batcher.static import gguf_blocks
+from batcher.static import gguf_blocks, graphs
 from batcher.static import processors as per_row
 from batcher.static.isolation import RowFailures
 from batcher.static.linear import half_weights, pack_linears, packs
@@ -58,9 +58,9 @@ def set_torch_threads(n: int) -> None:
 # round that compiles (Runner.generate; the worker holds fence.model_work then, so vLLM compiles
 # nothing under them), not as torch.compile's options: Dynamo reads `freezing` from the global
 # config while it traces, and without it leaves the weights as graph inputs.
-# The GGUF's blocks compile without them: their linears are our kernels (nothing to autotune), and
-# unfrozen, the blocks stay the graph's inputs (one copy) and Inductor caches the graphs on disk,
-# which it does not do for frozen ones: a later start loads them instead of compiling.
+# The GGUF's blocks take cpp_wrapper alone (graphs.OPTIONS): their linears are our kernels (nothing
+# to autotune), and unfrozen, the blocks stay the graph's inputs (one copy) and Inductor caches the
+# graphs on disk, which it does not do for frozen ones: a later start loads them instead of compiling.
 CPU_OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN", "cpp_wrapper": True}
 
 
@@ -213,9 +213,11 @@ class Runner:
         )
         if shape is not None:
             config.compile_config = self.compile_config
-        compiling = shape is not None and shape not in self._graphs and self.device == "cpu" and not self.blocks
+        compiling = shape is not None and shape not in self._graphs and self.device == "cpu"
         with (
-            torch._inductor.config.patch(CPU_OPTIONS) if compiling else contextlib.nullcontext(),
+            torch._inductor.config.patch(graphs.OPTIONS if self.blocks else CPU_OPTIONS)
+            if compiling
+            else contextlib.nullcontext(),
             PromptLogprobs(seqs, inputs, self.tokenizer, failures).hooked(self.model),  # read off the prefill
         ):
             self.model.generate(
