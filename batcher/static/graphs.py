@@ -8,35 +8,44 @@ Inductor never stores: a child's build would be lost, so they still compile wher
 - `stored(settings, shape)`: a marker under Inductor's cache folder, written once a process has
   made that graph (one width and cache length: batcher/static/shapes.py), keyed by what it
   depends on: the model, the form, the shapes, torch. Gone with the cache it stands for.
-- `Build`: `python -m batcher.static.graphs SETTINGS_JSON SHAPES_JSON`, the runner's warm-up of
-  those shapes alone in a process of its own (the worker's environment, so the same cache and
-  keys), which writes their markers. The worker's model thread looks at it between rounds and,
+- `Build`: `python -m batcher.static.graphs SETTINGS_JSON SHAPES_JSON [PARENT_PID]`, the runner's
+  warm-up of those shapes alone in a process of its own (the worker's environment, so the same
+  cache and keys), which writes their markers; it dies with its worker, and waits for another
+  process building the same model and form's graphs (a replica beside it), then builds only what
+  that one did not. The worker's model thread looks at it between rounds and,
   when it is done, warms the shapes up itself: loaded, not compiled, under the fences a compile
   takes (batcher/static/worker.py).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import dataclasses
+import fcntl
 import hashlib
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from batcher.settings import BLOCKS, StaticSettings
 
 log = logging.getLogger(__name__)
 # Inductor's settings for these graphs, set around the round that makes or loads one (Runner.generate):
-# cpp_wrapper calls a step's kernels from C++, not through Python, about 1.5 ms less a decode step
-# of SmolLM2-135M; a graph's build takes about three times as long, in the child
-# (docs/performance.md#the-blocks-graphs-built-aside). Part of the markers' key: other settings, other graphs.
+# cpp_wrapper calls a step's kernels from C++, not through Python: about 1.5 ms less a decode step
+# of SmolLM2-135M, for a build about three times as long, in the child
+# (docs/performance.md#the-blocks-compiled-once-loaded-at-every-start). In the markers' key.
 OPTIONS = {"cpp_wrapper": True}
+PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
-def _marker(settings: StaticSettings, shape: tuple[int, int]) -> Path:
+def _stem(settings: StaticSettings) -> Path:
+    """Where this model and form's markers go, less the shape's part of the name."""
     import torch
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
@@ -53,7 +62,12 @@ def _marker(settings: StaticSettings, shape: tuple[int, int]) -> Path:
         "inductor": OPTIONS,
     }
     key = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:24]
-    return Path(cache_dir()) / "static-graphs" / f"{key}-{shape[0]}x{shape[1]}"
+    return Path(cache_dir()) / "static-graphs" / key
+
+
+def _marker(settings: StaticSettings, shape: tuple[int, int]) -> Path:
+    stem = _stem(settings)
+    return stem.with_name(f"{stem.name}-{shape[0]}x{shape[1]}")
 
 
 def builds_aside(settings: StaticSettings) -> bool:
@@ -77,7 +91,7 @@ class Build:
 
     def __init__(self, settings: StaticSettings, shapes: list[tuple[int, int]]):
         self.shapes = shapes
-        args = [json.dumps(dataclasses.asdict(settings)), json.dumps(shapes)]
+        args = [json.dumps(dataclasses.asdict(settings)), json.dumps(shapes), str(os.getpid())]
         self.process = subprocess.Popen([sys.executable, "-m", __name__, *args], stdin=subprocess.DEVNULL)
         shown = ", ".join(f"{rows} row(s) x {length}" for rows, length in shapes)
         log.info("static engine: a child process (pid %d) builds the graphs of %s", self.process.pid, shown)
@@ -92,7 +106,31 @@ class Build:
             self.process.wait()
 
 
-def main(shown: str, shapes: str) -> None:
+def _die_with(parent: int) -> None:
+    """End this child when the worker does, even one killed with SIGKILL, which runs no clean-up:
+    Linux's parent-death signal (sent when the thread that started the child ends: the model
+    thread, which stops its build anyway), and a parent already gone ends it here."""
+    prctl = getattr(ctypes.CDLL(None), "prctl", None)
+    if prctl is not None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:
+        sys.exit("graph build: the worker that asked for it is gone")
+
+
+@contextlib.contextmanager
+def _one_build(settings: StaticSettings) -> Iterator[None]:
+    """One build of this model and form's graphs at a time on this machine (replicas share the
+    cache): a second waits, then finds them stored. An flock: a killed build leaves none behind."""
+    lock = _stem(settings).with_suffix(".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        yield
+
+
+def main(shown: str, shapes: str, parent: str = "0") -> None:
+    if int(parent):
+        _die_with(int(parent))
     from batcher.compile_cache import import_torch_first, use_compile_cache
 
     import_torch_first()  # as the service does: the caches' keys depend on it
@@ -101,13 +139,17 @@ def main(shown: str, shapes: str) -> None:
     values["profile_step_s"] = tuple(tuple(pair) for pair in values["profile_step_s"])
     settings = StaticSettings(**values)
     use_compile_cache("", settings.device)  # the worker's folders (inherited), and the keys' settings
-    from batcher.static.runner import Runner, set_torch_threads
+    with _one_build(settings):
+        wanted = [tuple(shape) for shape in json.loads(shapes) if not stored(settings, tuple(shape))]
+        if not wanted:
+            log.info("the static engine's graphs were stored by another process meanwhile")
+            return
+        from batcher.static.runner import Runner, set_torch_threads
 
-    set_torch_threads(settings.torch_threads)
-    wanted = [tuple(shape) for shape in json.loads(shapes)]
-    seconds = Runner(settings).warm_up(wanted)
-    for shape in wanted:
-        mark(settings, shape)
+        set_torch_threads(settings.torch_threads)
+        seconds = Runner(settings).warm_up(wanted)
+        for shape in wanted:
+            mark(settings, shape)
     log.info("the static engine's graphs are built and stored in %.1fs", seconds)
 
 

@@ -17,6 +17,7 @@ import dataclasses
 import json
 import os
 import queue
+import select
 import subprocess
 import sys
 import threading
@@ -193,13 +194,17 @@ def test_prompt_logprobs_come_from_the_eager_prefill_and_compile_nothing_new(pai
 def test_the_graphs_a_child_builds_are_loaded_by_a_later_start(tiny, eager_runners, tmp_path):
     """The blocks' graphs, built by the child a start without them runs (batcher/static/graphs.py,
     as the profile's child also builds them), are loaded by the next start, a process of its own:
-    none compiled again, and the eager runner's tokens."""
+    none compiled again, and the eager runner's tokens. Two builds at once (two replicas' starts)
+    build them once: the second waits for the first, then finds them stored."""
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
     settings = static_settings(tiny[1], static_weights="blocks", static_compile="1", batch_size=4, **SMALL)
     shapes = json.dumps([[1, 64], [4, 64]])  # what a start warms up (Runner.first_shapes)
     build = [sys.executable, "-m", "batcher.static.graphs", json.dumps(dataclasses.asdict(settings)), shapes]
-    done = subprocess.run(build, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0 and "built and stored" in done.stderr, done.stderr[-3000:]
+    builds = [subprocess.Popen(build, env=env, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    logs = [process.communicate(timeout=600)[1] for process in builds]
+    assert [process.returncode for process in builds] == [0, 0], logs
+    built = sorted("built and stored" in log for log in logs)
+    assert built == [False, True] and any("stored by another process" in log for log in logs), logs
     start = [sys.executable, "-m", CHILD, tiny[1], json.dumps(SMALL), PROMPTS[0]]
     done = subprocess.run(start, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -207,6 +212,31 @@ def test_the_graphs_a_child_builds_are_loaded_by_a_later_start(tiny, eager_runne
     assert later["fxgraph_cache_hit"] == 2 and later["fxgraph_cache_miss"] == 0, later
     expected = run(eager_runners["blocks"], [Sequence(PROMPTS[0], SamplingParams(max_tokens=8))])[0][0]
     assert later["text"] == expected
+
+
+def test_a_build_child_ends_with_the_worker_that_started_it_even_one_killed(tiny, tmp_path, monkeypatch):
+    """A worker killed with SIGKILL runs no clean-up: its build child must not run on alone to
+    its end (batcher/static/graphs.py: the parent-death signal)."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # the child's cache, and `stored`'s
+    settings = static_settings(tiny[1], static_weights="blocks", static_compile="1", batch_size=4, **SMALL)
+    worker = (  # stands in for the worker: starts a build, says its pid, waits
+        "import json, sys; from batcher.static import graphs; from batcher.settings import StaticSettings; "
+        "values = json.loads(sys.argv[1]); values['profile_step_s'] = (); "
+        "build = graphs.Build(StaticSettings(**values), [[1, 64]]); print(build.process.pid, flush=True); "
+        "sys.stdin.read()"
+    )
+    shown = json.dumps(dataclasses.asdict(settings))
+    parent = subprocess.Popen([sys.executable, "-c", worker, shown], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    child = int(parent.stdout.readline())
+    gone = os.pidfd_open(child)  # readable once the child has ended
+    try:
+        assert not select.select([gone], [], [], 0)[0]  # it runs while its worker lives
+        parent.kill()
+        parent.wait()
+        assert select.select([gone], [], [], 120)[0], f"build child {child} still runs"
+    finally:
+        os.close(gone)
+    assert not graphs.stored(settings, (1, 64))  # ended, not finished
 
 
 def test_a_prompt_that_extends_the_last_one_prefills_only_what_is_new(runner, monkeypatch):
