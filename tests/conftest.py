@@ -2,14 +2,26 @@
 pytest-xdist's workers. Each tier has a conftest.py of its own: tests/unit (no model, no server),
 tests/integration (the app and the runner in this process), tests/e2e (a real gunicorn). Plain
 helpers are in tests/helpers/, imported by name. xdist's controller loads this file alone before
-any worker starts: it imports no torch."""
+any worker starts.
+
+Here, before any test module or tier's conftest imports transformers (which reads Inductor's
+config), torch is imported first and the compile caches' settings are made, as the service and its
+children do: both are part of Inductor's cache keys (batcher/compile_cache.py), so a graph a child
+process builds is the one a test's app in this process loads (the controller pays a second for it)."""
 
 from __future__ import annotations
 
-import pytest
+from batcher.compile_cache import import_torch_first, use_compile_cache
 
-from batcher.checkpoint import resolve_model
-from service.config import Config
+import_torch_first()
+from batcher.device import pick_device  # noqa: E402  (imports torch)
+
+use_compile_cache("", pick_device("auto"))  # the folders as the environment gives; the settings that key graphs
+
+import pytest  # noqa: E402
+
+from batcher.checkpoint import resolve_model  # noqa: E402
+from service.config import Config  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -283,8 +283,7 @@ def test_graphs_not_stored_are_built_aside_while_rounds_decode_eager_and_a_later
     then decoding through them, loaded, not compiled; a round needing a longer cache's graph runs
     eager and has it built the same way. The next start finds them stored: ready once it has
     loaded the first, and the longer one loaded where a round needs it. Every answer the eager
-    runner's. (That the worker loads what the child built, not compiles it, a process of its own
-    shows, the test above: this one imported torch and Inductor's settings in another order.)"""
+    runner's."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     settings = {"model": tiny[0], "cache_dir": str(tmp_path), "static_weights": "blocks"}
     settings |= {"max_input_tokens": 24, "max_new_tokens_limit": 104}  # caches of 64 and 128
@@ -308,6 +307,7 @@ def test_graphs_not_stored_are_built_aside_while_rounds_decode_eager_and_a_later
                 assert health["graphs"].startswith("building 2") and "compiling" not in health["phase_seconds"]
                 assert generated(app, short) == expected[8]
                 assert static.graphs_settled.wait(900) and static.runner.first_shapes() == sorted(static.runner._graphs)
+                assert static.warm_up_graphs == {"loaded": 2, "compiled": 0, "frozen": 0}  # the child's
                 assert generated(app, long) == expected[80]  # eager: its graph is asked of a child
                 assert (1, 128) not in static.runner._graphs
                 assert static.graphs_settled.wait(900) and (1, 128) in static.runner._graphs
