@@ -13,7 +13,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 KINDS = ("q4_1", "q4_0", "q8_0")
 PATHS = ("avx512", "avx2", "scalar")
-INPUTS, OUTPUTS, ROWS = (64, 576, 1536), (1, 7, 576), (1, 2, 3, 4, 5, 9, 130)
+# rows: every tile width (8 with AVX-512, 4 with AVX2) and remainder, and the dense path (130)
+INPUTS, OUTPUTS, ROWS = (64, 576, 1536), (1, 7, 576), (1, 2, 3, 4, 5, 8, 9, 13, 47, 130)
 # of |x| @ |W|^T, each output's scale: fp32 rounding summed over K terms in some order (about 1e-7
 # here), far under a wrong block, nibble or scale (1e-2 and up)
 TOLERANCE = 2e-6

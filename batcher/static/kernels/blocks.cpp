@@ -2,9 +2,9 @@
 //
 // A decode step is little else than reading every weight once, so the bytes read are the time:
 // a Q4_1 block holds 32 weights in 20 bytes where fp32 needs 128. Each block becomes its 32 fp32
-// weights in registers (one fused d * code + m each) and is applied to a tile of up to 4 rows of
-// x. At one row that costs the vector uops that a dot of the codes scaled afterwards costs; at
-// four, fewer (two FMAs a row and block, not three and the offset's). Up to DENSE_ROWS rows, a
+// weights in registers (one fused d * code + m each) and is applied to a tile of up to TILE rows
+// of x. At one row that costs the vector uops that a dot of the codes scaled afterwards costs; at
+// more, fewer (two FMAs a row and block, not three and the offset's). Up to DENSE_ROWS rows, a
 // chunk of weight rows stays in cache while the tiles of x stream over it; from there on, slices
 // of weights are dequantized for torch's GEMM.
 // The .so is built without -march=native: each vector path carries its own target attribute and
@@ -24,12 +24,14 @@
 namespace {
 
 constexpr int QK = 32;  // weights a block, along the input dimension
-constexpr int TILE = 4;  // rows of x a block is applied to once unpacked (the static engine's batch)
+// Rows of x a block is applied to once unpacked: 8 with AVX-512's 32 registers (two accumulators a
+// row), 4 with AVX2's 16 (the static engine's batch either way: a decode step is one tile).
+constexpr int TILE = 8, TILE_AVX2 = 4;
 // How far ahead of the block in hand a row's bytes are asked for: a page, so that the next one is
 // on its way when the hardware prefetcher stops at the page's end.
 constexpr int PREFETCH = 4096;
 // From this many rows of x on, a call dequantizes and calls torch's GEMM (see `dense`): below it,
-// tiles of 4 are faster (the GEMM's setup and a dequantized copy cost more than they save).
+// tiles are faster (the GEMM's setup and a dequantized copy cost more than they save).
 constexpr int64_t DENSE_ROWS = 48;
 
 enum Isa { SCALAR = 0, AVX2_FMA = 1, AVX512_F = 2 };
@@ -323,15 +325,17 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, int64_t N, 
     dense<F>(c, x, y);
     return y;
   }
-  const Rows tiles[TILE] = {pick<F, 1>(active), pick<F, 2>(active), pick<F, 3>(active), pick<F, 4>(active)};
+  const Rows tiles[TILE] = {pick<F, 1>(active), pick<F, 2>(active), pick<F, 3>(active), pick<F, 4>(active),
+                            pick<F, 5>(active), pick<F, 6>(active), pick<F, 7>(active), pick<F, 8>(active)};
+  const int64_t tile = active == AVX512_F ? TILE : TILE_AVX2;
   // A chunk of output rows of about 16 KiB stays in L1/L2 while every tile of x passes over it;
   // for a decode step (one tile) the chunk is moot and each thread streams its share once.
   const int64_t chunk = std::clamp<int64_t>(16384 / row_bytes, 4, 64);
-  const int64_t grain = M > TILE ? chunk : std::max<int64_t>(1, 8192 / row_bytes);
+  const int64_t grain = M > tile ? chunk : std::max<int64_t>(1, 8192 / row_bytes);
   at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) {
     for (int64_t n0 = begin; n0 < end; n0 += chunk) {
       const int64_t n1 = std::min(end, n0 + chunk);
-      for (int64_t m0 = 0; m0 < M; m0 += TILE) tiles[std::min<int64_t>(TILE, M - m0) - 1](c, m0, n0, n1);
+      for (int64_t m0 = 0; m0 < M; m0 += tile) tiles[std::min(tile, M - m0) - 1](c, m0, n0, n1);
     }
   });
   return y;
