@@ -111,14 +111,16 @@ class Server:
         return health
 
     def wait_ready(self, timeout_s: float) -> dict:
-        """Until the static engine is ready and vLLM has settled; the last body. A vLLM still
-        loading at the deadline is the caller's to judge; a static engine that failed raises."""
+        """Until the static engine is ready with its compiled graphs (not decoding eager while a
+        child builds them: batcher/static/graphs.py) and vLLM has settled; the last body. A vLLM
+        still loading or graphs still building at the deadline are the caller's to judge; a static
+        engine that failed raises."""
 
         def ready(health: dict) -> bool:
             static, vllm = (health.get("engines", {}).get(name, {}) for name in ("static", "vllm"))
             if static.get("status") == "failed":
                 raise RuntimeError(f"static engine failed: {static.get('error')}")
-            return static.get("status") == "ready" and vllm.get("status") in SETTLED
+            return static.get("status") == "ready" and "graphs" not in static and vllm.get("status") in SETTLED
 
         try:
             return self.wait_for(ready, timeout_s, "service ready", every_s=0.5)

@@ -68,7 +68,7 @@ class StaticWorker(EngineThread):
         building = {}
         if self.graphs is not None:
             building["graphs"] = (
-                f"building {len(self.graphs.shapes)} in a child process; rounds needing them decode eager"
+                f"building {len(self.graphs.shapes)} in a child process, then loading; rounds needing them decode eager"
             )
         return {"rounds": self.rounds, **building}
 
@@ -128,13 +128,15 @@ class StaticWorker(EngineThread):
         """Between rounds: a finished build's graphs loaded (a failed one's shapes stay eager, logged),
         and a new build for the shapes rounds asked for since."""
         if self.graphs is not None:
-            built = self.graphs.done()
+            built, shapes = self.graphs.done(), self.graphs.shapes
             if built is None:
                 return
-            shapes, self.graphs = self.graphs.shapes, None
-            if built:
-                self._warm_up(shapes)
-            else:
+            try:
+                if built:
+                    self._warm_up(shapes)  # /health shows the build until they are loaded
+            finally:
+                self.graphs = None
+            if not built:
                 self.graphs_failed.update(shapes)
                 log.error("static engine: a child process failed to build graphs %s; they stay eager", shapes)
         wanted = sorted(s for s in self.graphs_wanted if not graphs.stored(self.settings, s))

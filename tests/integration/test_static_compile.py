@@ -307,7 +307,7 @@ def test_graphs_not_stored_are_built_aside_while_rounds_decode_eager_and_a_later
                 assert health["graphs"].startswith("building 2") and "compiling" not in health["phase_seconds"]
                 assert generated(app, short) == expected[8]
                 assert static.graphs_settled.wait(900) and static.runner.first_shapes() == sorted(static.runner._graphs)
-                assert static.warm_up_graphs == {"loaded": 2, "compiled": 0, "frozen": 0}  # the child's
+                assert static.warm_up_graphs["compiled"] == 0  # the child's, loaded (or reused in this process)
                 assert generated(app, long) == expected[80]  # eager: its graph is asked of a child
                 assert (1, 128) not in static.runner._graphs
                 assert static.graphs_settled.wait(900) and (1, 128) in static.runner._graphs
