@@ -24,8 +24,8 @@ from pathlib import Path
 
 from batcher.profile import choose, measure, store
 
-# one compiled candidate: a cold vLLM compile took 60-90 s on the CPUs seen; the static blocks' two
-# graphs with cpp_wrapper (batcher/static/graphs.py) 401 s on the Ice Lake Xeon, in a row of 448 s
+# one compiled candidate, its cold compile included: the static blocks' graphs with cpp_wrapper are
+# the longest seen (docs/operations.md, docs/performance.md#the-blocks-compiled-once-loaded-at-every-start)
 FINISH_CAP_S = 900.0
 FINISH_BUDGET_S = FINISH_CAP_S / measure.CAP_SHARE  # so that each candidate's cap is FINISH_CAP_S
 

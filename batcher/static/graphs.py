@@ -37,9 +37,8 @@ from batcher.settings import BLOCKS, StaticSettings
 
 log = logging.getLogger(__name__)
 # Inductor's settings for these graphs, set around the round that makes or loads one (Runner.generate):
-# cpp_wrapper calls a step's kernels from C++, not through Python: about 1.5 ms less a decode step
-# of SmolLM2-135M, for a build about three times as long, in the child
-# (docs/performance.md#the-blocks-compiled-once-loaded-at-every-start). In the markers' key.
+# cpp_wrapper calls a step's kernels from C++, not through Python: a faster step for a longer build,
+# in the child (docs/performance.md#the-blocks-compiled-once-loaded-at-every-start). In the markers' key.
 OPTIONS = {"cpp_wrapper": True}
 PR_SET_PDEATHSIG = 1  # prctl(2)
 
