@@ -59,6 +59,7 @@ def _stem(settings: StaticSettings) -> Path:
         "cache": [settings.max_input_tokens, settings.max_tokens_limit],
         "torch": torch.__version__,
         "inductor": OPTIONS,
+        "step": "batcher.static.decode.next_logits",  # what is compiled (transformers' generate() compiled another)
     }
     key = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:24]
     return Path(cache_dir()) / "static-graphs" / key

@@ -1,7 +1,7 @@
 """A one-row round's KV cache, kept for the next one-row round whose prompt starts with the same
 tokens (STATIC_PREFIX_CACHE): a conversation's next turn, whose prompt is every earlier turn and
-a new question, then prefills only what is new. transformers' generate() continues from a cache
-it is handed (it slices the prompt past the cache's length), dynamic (eager) or static (compiled).
+a new question, then prefills only what is new. The round's generate() continues from a cache
+it is handed (batcher/static/decode.py prefills past the cache's length), dynamic (eager) or static (compiled).
 
 One cache, the last round's, bounded by the context (a model's layers x 2 x KV heads x head size x
 4 bytes a token: 45 KiB for SmolLM2-135M, 94 MiB at 2,048 tokens); it is cut back to the prefix
@@ -51,21 +51,21 @@ class PrefixCache:
         self.enabled, self.min_prefix, self._kept = enabled, MIN_PREFIX, None  # both: a test's seams
         self.reused = 0  # prompt tokens not prefilled again, in all (tests, logs)
 
-    def before(self, seqs: list[Sequence], inputs: dict[str, torch.Tensor], extra: dict, length, config) -> Kept | None:
-        """Hand the round the kept cache where its prompt continues it (in `extra`), or a fresh
-        dynamic one to keep; returns what to keep after the round, or None."""
+    def before(self, seqs: list[Sequence], inputs: dict[str, torch.Tensor], cache, length, config):
+        """(the round's cache: the kept one where its prompt continues it, else `cache`, or a fresh
+        dynamic one where that is None; what to keep after the round, or None)."""
         kept, self._kept = self._kept, None
+        cache = cache if cache is not None else DynamicCache(config=config)
         if not self.enabled or len(seqs) != 1 or seqs[0].params.prompt_logprobs is not None:
-            return None
+            return cache, None
         ids = inputs["input_ids"][0].tolist()
         if kept is not None and kept.length == length:
             prefix = min(shared(kept.ids, ids), len(ids) - 1)  # at least one token to prefill
             if prefix >= self.min_prefix:
                 cut(kept.cache, prefix)
-                extra["past_key_values"] = kept.cache
+                cache = kept.cache
                 self.reused += prefix
-        extra.setdefault("past_key_values", DynamicCache(config=config))
-        return Kept(ids, extra["past_key_values"], length)
+        return cache, Kept(ids, cache, length)
 
     def after(self, kept: Kept | None) -> None:
         """The round ran: its cache is kept (a round that raised keeps none)."""

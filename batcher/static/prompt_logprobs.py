@@ -12,7 +12,7 @@ piece's log-softmax read off (the chosen token's logprob and rank, the top k) an
 the next. Rows with the same prompt (a request's `n` copies) share one computation. So the extra
 memory is one piece's logits, whatever the round, and the work is the asking rows' own positions.
 Both hooks go at that first call, so the decode steps run, and compile, as in any other round;
-the prefill is eager on the compiled path too (transformers compiles the decode step only).
+the prefill is eager on the compiled path too (the round compiles the decode step only).
 """
 
 from __future__ import annotations

@@ -7,8 +7,6 @@ tokens (counted, with its record) but adds no text, as on vLLM. The worker finis
 from __future__ import annotations
 
 import torch
-from transformers import StoppingCriteria
-from transformers.generation.streamers import BaseStreamer
 
 from batcher.sequence import Sequence
 from batcher.static.isolation import RowFailures
@@ -16,10 +14,11 @@ from batcher.static.processors import RecordLogprobs
 from batcher.static.stops import find_stop, held_back
 
 
-class RoundRows(BaseStreamer, StoppingCriteria):
-    """`generate()` calls `put()` with each step's new tokens and then asks `__call__` which rows
-    are done; a done row only gets padding afterwards. A row whose own work raised (`failures`) is
-    done at once, with reason "failed"; the worker fails its sequence with the error."""
+class RoundRows:
+    """The round's `generate()` (batcher/static/decode.py) calls `put()` with each step's new
+    tokens and then asks `__call__` which rows are done; a done row only gets padding afterwards.
+    A row whose own work raised (`failures`) is done at once, with reason "failed"; the worker
+    fails its sequence with the error."""
 
     def __init__(
         self,
@@ -40,8 +39,6 @@ class RoundRows(BaseStreamer, StoppingCriteria):
         self.by_token: list[bool] = [False] * len(seqs)  # ended by EOS or a stop token (its last)
 
     def put(self, value: torch.Tensor) -> None:
-        if value.dim() > 1:  # generate() first hands the streamer the prompts: [B, S]
-            return
         tokens = value.tolist()  # [B], this step's tokens
         records = self.logprobs.take(tokens) if self.logprobs is not None else {}
         for row, token in enumerate(tokens):
@@ -63,9 +60,6 @@ class RoundRows(BaseStreamer, StoppingCriteria):
             self._advance(row)
         if self.reasons[row] is None and len(seq.token_ids) >= seq.params.max_tokens:
             self.reasons[row] = "length"
-
-    def end(self) -> None:
-        pass
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.BoolTensor:
         for row, seq in enumerate(self.seqs):

@@ -1,7 +1,8 @@
-"""The model itself: tokenize with left padding, one `generate()` per round, decode per row.
+"""The model itself: tokenize with left padding, one `generate()` per round (our own:
+batcher/static/decode.py), decode per row.
 
 Everything per row (max_tokens, sampling, penalties, stop, logprobs, cancellation, streaming)
-rides on hooks that `transformers.generate()` already offers, so a round stays one call:
+rides on transformers' hook interfaces, so a round stays one call:
 - `LogitsProcessor`s (batcher/static/processors.py) apply each row's own parameters in vLLM's order
   (greedy and seeded rows become one-hot) and record logprobs,
 - a `StoppingCriteria` (batcher/static/rows.py) ends each row at its own max_tokens, EOS, stop token or
@@ -19,18 +20,12 @@ import time
 from collections.abc import Callable
 
 import torch
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    CompileConfig,
-    GenerationConfig,
-    StoppingCriteriaList,
-)
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from batcher.sampling import SamplingParams
 from batcher.sequence import Prompt, Sequence
 from batcher.settings import BLOCKS, StaticSettings
-from batcher.static import gguf_blocks, graphs
+from batcher.static import decode, gguf_blocks, graphs
 from batcher.static import processors as per_row
 from batcher.static.isolation import RowFailures
 from batcher.static.linear import half_weights, pack_linears, packs
@@ -64,15 +59,11 @@ def set_torch_threads(n: int) -> None:
 CPU_OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN", "cpp_wrapper": True}
 
 
-def compile_config(device: str) -> CompileConfig:
-    """transformers' own compiled decoding: handed a static KV cache, generate() runs its decode
-    steps through torch.compile of the model's forward (the prefill stays eager). Static shapes
-    (see Runner.generate for how few); CUDA graphs on a GPU, CPU_OPTIONS on a CPU."""
-    config = CompileConfig(
-        fullgraph=True, dynamic=False, mode="reduce-overhead" if device.startswith("cuda") else "default"
-    )
-    config._compile_all_devices = True  # generate() compiles on accelerators only unless told
-    return config
+def compiled_step(device: str):
+    """The decode step compiled whole (batcher/static/decode.py): static shapes (see Runner.generate
+    for how few), so a static KV cache; CUDA graphs on a GPU, CPU_OPTIONS on a CPU. The prefill stays eager."""
+    mode = "reduce-overhead" if device.startswith("cuda") else "default"
+    return torch.compile(decode.next_logits, fullgraph=True, dynamic=False, mode=mode)
 
 
 class Runner:
@@ -85,7 +76,7 @@ class Runner:
         self.blocks = settings.dtype == BLOCKS
         self.dtype = torch.float32 if self.blocks else getattr(torch, settings.dtype)
         self.max_input_tokens = settings.max_input_tokens
-        self.compile_config = compile_config(self.device) if settings.compile else None
+        self.step = compiled_step(self.device) if settings.compile else None
         self.max_batch = settings.batch_size
         self.max_cache_len = settings.max_input_tokens + settings.max_tokens_limit
         model_path = settings.model_path
@@ -93,7 +84,7 @@ class Runner:
         # whether a round may make a graph not made yet (else it runs eager): the worker's gate
         self.may_compile: Callable[[Shape], bool] = lambda shape: True
         self.prefix = PrefixCache(settings.prefix_cache)
-        if self.compile_config is not None:  # a graph per width and cache length (cache_bucket), not more
+        if self.step is not None:  # a graph per width and cache length (cache_bucket), not more
             limit = 2 * cache_bucket(self.max_cache_len, self.max_cache_len).bit_length()
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -101,7 +92,7 @@ class Runner:
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        eager_on_cpu = self.device == "cpu" and self.compile_config is None
+        eager_on_cpu = self.device == "cpu" and self.step is None
         # fp16 where oneDNN cannot pack it: fp16 weights computed in fp32 (batcher/static/linear.py)
         half = eager_on_cpu and self.dtype == torch.float16 and packs(torch.float16) is not None
         half = half and packs(torch.float32) is None
@@ -122,16 +113,16 @@ class Runner:
             model_path,
             self.device,
             self.dtype,
-            "compiled (static cache)" if self.compile_config else "eager",
+            "compiled (static cache)" if self.step else "eager",
             f", {linears}" if linears else "",
         )
 
-    compiles = property(lambda self: self.compile_config is not None)
+    compiles = property(lambda self: self.step is not None)
 
     def shape(self, inputs: dict[str, torch.Tensor], max_tokens: int) -> Shape | None:
         """The graph this round decodes through, or None: eager (not compiled, or a graph that
         `may_compile` does not let this round make: it runs eager meanwhile)."""
-        if self.compile_config is None:
+        if self.step is None:
             return None
         rows, length = inputs["input_ids"].shape
         shape = (graph_width(rows, self.max_batch), cache_bucket(length + max_tokens, self.max_cache_len))
@@ -183,36 +174,25 @@ class Runner:
         returns the finish reasons, in the order of `seqs`. The caller finishes the sequences.
         A row whose own work raised ends at once with reason "failed", its error in `failures`.
         `cache_len`: this static cache's graph (warm_up), not the round's own."""
-        real, extra = len(seqs), {}
+        real, cache = len(seqs), None
         failures = failures if failures is not None else RowFailures()
-        if cache_len is not None and self.compile_config is not None:
+        if cache_len is not None and self.step is not None:
             shape = (graph_width(len(seqs), self.max_batch), cache_len)
         else:
             shape = self.shape(inputs, max(s.params.max_tokens for s in seqs))
         cache_len = None if shape is None else shape[1]
         if shape is not None:
             seqs, inputs = pad_rows(seqs, inputs, shape[0])
-            extra["past_key_values"] = static_cache(self.model, shape[0], cache_len, self.device)
+            cache = static_cache(self.model, shape[0], cache_len, self.device)
             if shape not in self._graphs:
                 log.info("static engine: compiling the decode step for %d row(s), a %d-token cache", *shape)
-        kept = self.prefix.before(seqs, inputs, extra, cache_len, self.model.config)  # batcher/static/prefix.py
+        cache, kept = self.prefix.before(seqs, inputs, cache, cache_len, self.model.config)  # batcher/static/prefix.py
         processors, recorder, sample = per_row.build(
             seqs, self.tokenizer, sorted(self.eos_ids), inputs["attention_mask"], self.model.config.vocab_size, failures
         )
         rows = RoundRows(seqs, self.tokenizer, self.eos_ids, recorder, failures)
         for seq, count in zip(seqs, inputs["attention_mask"].sum(dim=-1).tolist(), strict=True):
             seq.prompt_tokens = count  # the prompt as this round saw it, padding off
-        config = GenerationConfig(
-            max_new_tokens=max(s.params.max_tokens for s in seqs),
-            do_sample=sample,
-            temperature=1.0,  # per-row temperature and top_p are PerRowSampling's job
-            top_k=0,
-            top_p=1.0,
-            pad_token_id=self.tokenizer.pad_token_id,
-            eos_token_id=sorted(self.eos_ids),
-        )
-        if shape is not None:
-            config.compile_config = self.compile_config
         compiling = shape is not None and shape not in self._graphs and self.device == "cpu"
         with (
             torch._inductor.config.patch(graphs.OPTIONS if self.blocks else CPU_OPTIONS)
@@ -220,13 +200,16 @@ class Runner:
             else contextlib.nullcontext(),
             PromptLogprobs(seqs, inputs, self.tokenizer, failures).hooked(self.model),  # read off the prefill
         ):
-            self.model.generate(
-                **inputs,
-                generation_config=config,
-                logits_processor=processors,
-                stopping_criteria=StoppingCriteriaList([rows]),
-                streamer=rows,
-                **extra,
+            decode.generate(
+                self.model,
+                decode.next_logits if shape is None else self.step,
+                inputs,
+                cache,
+                processors,
+                rows,
+                sample,
+                self.tokenizer.pad_token_id,
+                max(s.params.max_tokens for s in seqs),
             )
         if shape is not None:  # compiled: this width and cache length's graph exists now
             self._graphs.add(shape)

@@ -134,7 +134,6 @@ def test_eos_ends_a_row_with_reason_stop(runner_fp32):
 
     seq = greedy("x", max_tokens=10)
     rows = RoundRows([seq], runner_fp32.tokenizer, runner_fp32.eos_ids)
-    rows.put(torch.tensor([[1, 2, 3]]))  # the prompt: ignored
     rows.put(torch.tensor([runner_fp32.tokenizer.encode(" Paris")[0]]))
     rows.put(torch.tensor([next(iter(runner_fp32.eos_ids))]))
     assert rows(torch.zeros(1, 1), None).tolist() == [True]
@@ -150,3 +149,36 @@ def test_ignore_eos_generates_exactly_max_tokens(runner_fp32):
     (_, forced_reason), (_, other_reason) = run(runner_fp32, [forced, greedy(prompt, max_tokens=20)])
     assert reason == other_reason == "stop" and len(natural.token_ids) < 20  # this prompt ends early
     assert len(forced.token_ids) == 20 and forced_reason == "length"
+
+
+def test_our_generate_gives_transformers_own_greedy_tokens_over_a_padded_batch(runner_fp32):
+    """batcher/static/decode.py stands in for transformers' generate(): over the same left-padded
+    batch, greedy, it picks the same tokens, row by row, up to each row's EOS."""
+    import torch
+
+    seqs = [greedy(p, max_tokens=24) for p in PROMPTS]
+    inputs = runner_fp32.encode(PROMPTS)
+    runner_fp32.generate(seqs, inputs)
+    pad = runner_fp32.tokenizer.pad_token_id
+    with torch.inference_mode():
+        theirs = runner_fp32.model.generate(**inputs, max_new_tokens=24, do_sample=False, pad_token_id=pad)
+    for seq, row in zip(seqs, theirs[:, inputs["input_ids"].shape[1] :].tolist(), strict=True):
+        ends = [i for i, token in enumerate(row) if token in runner_fp32.eos_ids]
+        assert seq.token_ids == row[: ends[0] + 1 if ends else None]
+
+
+def test_a_round_runs_the_model_once_a_token_and_no_step_after_its_last_row_ends(runner_fp32):
+    """One prefill, then one step a token until the last row's last token: none after it (a row
+    ended by a stop string used to cost the round one more: transformers' generate() asked its
+    stopping criteria before handing them the step's tokens)."""
+    chat = [{"role": "user", "content": "What is the capital of France?"}]
+    paris = runner_fp32.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    seqs = [Sequence(paris, SamplingParams(max_tokens=64, stop=("Paris",))), greedy("Hi", max_tokens=3)]
+    calls = []
+    hook = runner_fp32.model.register_forward_hook(lambda *args: calls.append(1))
+    try:
+        reasons = runner_fp32.generate(seqs, runner_fp32.encode([s.prompt for s in seqs]))
+    finally:
+        hook.remove()
+    assert reasons == ["stop", "length"] and seqs[0].text == "The capital of France is "  # its stop string
+    assert len(calls) == len(seqs[0].token_ids)

@@ -9,6 +9,7 @@ import pytest
 
 from batcher.sampling import SamplingParams
 from batcher.sequence import Sequence
+from batcher.static import decode
 from service.generation import fan_out
 from service.http.state import app_state
 from tests.helpers import wait_until
@@ -237,7 +238,7 @@ def test_bad_sampling_values_get_422_naming_the_field_and_enqueue_nothing(vllm_a
     assert all(eng.inflight() == 0 for eng in app_state(vllm_app).engines.values())
 
 
-def test_a_mixed_static_round_is_one_generate_call(app, caplog):
+def test_a_mixed_static_round_is_one_generate_call(app, caplog, monkeypatch):
     """greedy, seeded sampling with logprobs, stop and n=2, all in one round: one round line."""
     engine = app_state(app).engines["static"]
     seqs = [
@@ -249,21 +250,18 @@ def test_a_mixed_static_round_is_one_generate_call(app, caplog):
     # the app is shared: a round an earlier test left running would be counted below (CI saw one)
     wait_until(lambda: engine.inflight() == 0, what="the static engine idle")
     calls = []
-    model = engine.runner.model
-    original = model.generate
+    original = decode.generate
 
-    def counted(*args, **kwargs):
-        calls.append(kwargs["input_ids"].shape)
-        return original(*args, **kwargs)
+    def counted(model, step, inputs, *args):
+        calls.append(inputs["input_ids"].shape)
+        return original(model, step, inputs, *args)
 
-    model.generate = counted
-    try:
-        with caplog.at_level(logging.INFO, logger="batcher.static.worker"):
-            engine.submit(seqs)
-            for seq in seqs:
-                assert seq.done.wait(120)
-    finally:
-        del model.generate  # back to the class's own method
+    monkeypatch.setattr(decode, "generate", counted)
+    with caplog.at_level(logging.INFO, logger="batcher.static.worker"):
+        engine.submit(seqs)
+        for seq in seqs:
+            assert seq.done.wait(120)
+    monkeypatch.undo()
     rounds = [r.getMessage() for r in caplog.records if "Batch input shape" in r.getMessage()]
     rounds = [line for line in rounds if any(f"'{seq.id}'" in line for seq in seqs)]  # ours alone
     assert len(rounds) == 1 and all(seq.id in rounds[0] for seq in seqs)

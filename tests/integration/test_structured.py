@@ -15,6 +15,7 @@ from batcher import fence, grammar
 from batcher.grammar import StructuredSpec
 from batcher.sampling import SamplingParams
 from batcher.sequence import Sequence
+from batcher.static import decode
 from service import create_app, shutdown
 from service.config import Config
 from service.http.state import app_state
@@ -53,16 +54,15 @@ def test_a_mixed_static_round_answers_both_rows_in_one_generate_call(static_app)
         )
         threads[-1].start()
 
-    calls, model = [], engine.runner.model
-    original = model.generate
+    calls, original = [], decode.generate
 
-    def counted(*args, **kwargs):
-        calls.append(kwargs["input_ids"].shape[0])
-        return original(*args, **kwargs)
+    def counted(model, step, inputs, *args):
+        calls.append(inputs["input_ids"].shape[0])
+        return original(model, step, inputs, *args)
 
     lock = fence.static_round()
     assert lock.acquire(timeout=600)
-    model.generate = counted
+    decode.generate = counted
     try:
         send("blocker", {"prompts": ["Hold on"], "max_tokens": 2})  # its round waits for the fence
         wait_until(lambda: engine.running() == 1 and engine.workload.qsize() == 0, what="the held round")
@@ -73,7 +73,7 @@ def test_a_mixed_static_round_answers_both_rows_in_one_generate_call(static_app)
         lock.release()
         for t in threads:
             t.join(120)
-        del model.generate
+        decode.generate = original
     assert calls == [1, 2]  # the blocker's round, then one generate() for both rows
     d, p = replies["dated"].json, replies["plain"].json
     assert d["details"][0]["round"] == p["details"][0]["round"] and d["details"][0]["batch_size"] == 2
