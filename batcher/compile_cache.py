@@ -47,6 +47,14 @@ def use_compile_cache(folder: str, device: str) -> dict[str, str]:
         # engine's graphs compiled beside vLLM (the service) and without it (the profile's child,
         # VLLM_ENABLED=0) were keyed apart, and a start after the profile compiled them again.
         settings["TORCHINDUCTOR_CPP_DYNAMIC_THREADS"] = "1"
+    # vLLM's worker sets torch's fp32 matmul precision as its engine starts ("highest", its
+    # VLLM_FLOAT32_MATMUL_PRECISION default: full fp32, as torch's own default, but written down as
+    # "ieee" where torch keeps "none"), and Inductor keys its cached graphs by that setting: so the
+    # static engine's graphs built in a process without vLLM (the build child, the profile's) were
+    # keyed apart, and the worker compiled again what its child had just built. Every process says it alike.
+    import torch
+
+    torch.set_float32_matmul_precision(os.environ.get("VLLM_FLOAT32_MATMUL_PRECISION", "highest").lower())
     applied = {}
     for name, value in settings.items():
         applied[name] = os.environ.setdefault(name, value)

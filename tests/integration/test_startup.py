@@ -78,16 +78,20 @@ def test_compile_caches_default_to_the_project_folder_and_the_environment_wins(m
 
 
 def test_the_static_graphs_are_keyed_alike_beside_a_vllm_engine_and_without_one(vllm_app):
-    """vLLM's CPU platform sets TORCHINDUCTOR_CPP_DYNAMIC_THREADS once its engine starts, and Inductor
-    keys its cached graphs by it: a process with no vLLM engine (the profile's static child, a
-    VLLM_ENABLED=0 server) must compile with the same value, or a server start compiles again."""
+    """vLLM's CPU platform sets TORCHINDUCTOR_CPP_DYNAMIC_THREADS once its engine starts, and its
+    worker torch's fp32 matmul precision; Inductor keys its cached graphs by both: a process with no
+    vLLM engine (the build child, the profile's static child, a VLLM_ENABLED=0 server) must compile
+    with the same values, or a server start compiles again what its child has just built."""
+    import torch
+
     name = "TORCHINDUCTOR_CPP_DYNAMIC_THREADS"
-    beside = os.environ.get(name)  # vllm_app's engine started in this process
-    code = "import os; from batcher.compile_cache import use_compile_cache; use_compile_cache('', 'cpu')"
-    code += f"; print(os.environ.get('{name}'))"
+    matmul = torch.backends.cuda.matmul
+    beside = [os.environ.get(name), matmul.fp32_precision]  # vllm_app's engine started in this process
+    code = "import os, torch; from batcher.compile_cache import use_compile_cache; use_compile_cache('', 'cpu')"
+    code += f"; print(os.environ.get('{name}'), torch.backends.cuda.matmul.fp32_precision)"
     env = {key: value for key, value in os.environ.items() if key != name}
     alone = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
-    assert beside == alone.stdout.strip() == "1"
+    assert beside == alone.stdout.split() and beside[0] == "1"
 
 
 # Which of torch and transformers a process asks for first; it exits there, before importing either.
