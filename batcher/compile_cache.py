@@ -47,14 +47,6 @@ def use_compile_cache(folder: str, device: str) -> dict[str, str]:
         # engine's graphs compiled beside vLLM (the service) and without it (the profile's child,
         # VLLM_ENABLED=0) were keyed apart, and a start after the profile compiled them again.
         settings["TORCHINDUCTOR_CPP_DYNAMIC_THREADS"] = "1"
-    # vLLM's worker sets torch's fp32 matmul precision as its engine starts ("highest", its
-    # VLLM_FLOAT32_MATMUL_PRECISION default: full fp32, as torch's own default, but written down as
-    # "ieee" where torch keeps "none"), and Inductor keys its cached graphs by that setting: so the
-    # static engine's graphs built in a process without vLLM (the build child, the profile's) were
-    # keyed apart, and the worker compiled again what its child had just built. Every process says it alike.
-    import torch
-
-    torch.set_float32_matmul_precision(os.environ.get("VLLM_FLOAT32_MATMUL_PRECISION", "highest").lower())
     applied = {}
     for name, value in settings.items():
         applied[name] = os.environ.setdefault(name, value)
@@ -62,6 +54,15 @@ def use_compile_cache(folder: str, device: str) -> dict[str, str]:
         # Inductor writes its default into the environment the first time anything asks for its
         # cache folder (importing transformers does): that value is torch's, not the operator's.
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = applied["TORCHINDUCTOR_CACHE_DIR"] = settings["TORCHINDUCTOR_CACHE_DIR"]
+    # vLLM's worker sets torch's fp32 matmul precision as its engine starts ("highest", its
+    # VLLM_FLOAT32_MATMUL_PRECISION default: full fp32, as torch's own default, but written down as
+    # "ieee" where torch keeps "none"), and Inductor keys its cached graphs by that setting: so the
+    # static engine's graphs built in a process without vLLM (the build child, the profile's) were
+    # keyed apart, and the worker compiled again what its child had just built. Every process says it alike,
+    # after the variables above: what torch reads of them as it loads stays ours.
+    import torch
+
+    torch.set_float32_matmul_precision(os.environ.get("VLLM_FLOAT32_MATMUL_PRECISION", "highest").lower())
     log.info("compile caches: %s", ", ".join(f"{k}={v}" for k, v in applied.items()))
     return applied
 

@@ -3,7 +3,7 @@ step (`next_logits`) over the round's KV cache until every row is done. The mode
 per round (batcher/static/runner.py).
 
 Why not transformers' generate(): its loop builds each step's 4-D attention mask, position ids and
-model inputs in Python around the compiled step, a few milliseconds a step, and it asks the stopping
+model inputs in Python around the compiled step, and it asks the stopping
 criteria before handing the streamer the step's tokens, so a round ran one step more than its rows
 needed. Here a step is the model's forward alone, compiled whole where the round compiles (its mask
 is built inside the graph from a fixed-width 2-D one); the per-row hooks are the same objects
