@@ -55,9 +55,10 @@ def _static(settings: StaticSettings) -> SimpleNamespace:
     set_torch_threads(settings.torch_threads)  # as the service's model thread does
     started, batch = time.perf_counter(), settings.batch_size
     runner = Runner(settings)
-    compile_s = runner.warm_up() if runner.compiles else None
-    for shape in runner.first_shapes() if graphs.builds_aside(settings) else []:
-        graphs.mark(settings, shape)  # stored: a service start with these settings loads them
+    compile_s = None
+    if runner.compiles:  # the blocks' graphs stored too: a service start with these settings loads them
+        aside = graphs.builds_aside(settings)
+        compile_s = graphs.build(runner, runner.first_shapes()) if aside else runner.warm_up()
     built = {"start_s": time.perf_counter() - started, "compile_s": compile_s, "dtype": str(runner.dtype)}
 
     def generate(prompts: list[str], max_tokens: int, ignore_eos: bool = True, size: int = 0) -> list[list[int]]:

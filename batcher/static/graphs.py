@@ -1,20 +1,23 @@
-"""The compiled decode step's graphs, never compiled cold on a round's path: a graph not stored
-is built in a child process while the rounds that need it decode eager, then loaded.
+"""The compiled decode step's graphs, never compiled on a round's path: a graph not stored is
+built in a child process while the rounds that need it decode eager, then loaded.
 
-Only the GGUF's blocks form is built aside: its graphs are unfrozen, so Inductor stores them on
-disk and another process loads them (the dense forms freeze their weights into each graph, which
-Inductor never stores: a child's build would be lost, so they still compile where they are needed).
+Only the GGUF's blocks form is built aside: its graphs are unfrozen (the blocks stay the graph's
+inputs: one copy of the weights), so a graph holds code alone and another process can load it (the
+dense forms freeze their weights into each graph, so they still compile where they are needed).
 
-- `stored(settings, shape)`: a marker under Inductor's cache folder, written once a process has
-  made that graph (one width and cache length: batcher/static/shapes.py), keyed by what it
-  depends on: the model, the form, the shapes, torch. Gone with the cache it stands for.
-- `Build`: `python -m batcher.static.graphs SETTINGS_JSON SHAPES_JSON [PARENT_PID]`, the runner's
-  warm-up of those shapes alone in a process of its own (the worker's environment, so the same
-  cache and keys), which writes their markers; it dies with its worker, and waits for another
-  process building the same model and form's graphs (a replica beside it), then builds only what
-  that one did not. The worker's model thread looks at it between rounds and,
-  when it is done, warms the shapes up itself: loaded, not compiled, under the fences a compile
-  takes (batcher/static/worker.py).
+- A graph is Dynamo's ahead-of-time compile of `decode.next_logits` for one width and cache
+  length (batcher/static/shapes.py): traced and built by Inductor once (`build`), saved whole, and
+  loaded by a later process in a second or two (`load`): no tracing at load, so nothing the fence
+  (batcher/fence.py) guards, and no Inductor cache lookup. It has no guards (the runner picks the
+  graph by shape); it remembers the source it traced, and one traced from source that changed
+  since is built again.
+- `stored(settings, shape)`: the graph's file under Inductor's cache folder, keyed by what it
+  depends on: the model, the form, the shapes, torch. Gone with the cache it belongs to.
+- `Build`: `python -m batcher.static.graphs SETTINGS_JSON SHAPES_JSON [PARENT_PID]`, a process
+  of its own (the worker's environment, so the same cache and keys) that builds and stores those
+  shapes' graphs; it dies with its worker, and waits for another process building the same model
+  and form's graphs (a replica beside it), then builds only what that one did not. The worker's
+  model thread looks at it between rounds and, when it is done, loads them (batcher/static/worker.py).
 """
 
 from __future__ import annotations
@@ -24,12 +27,14 @@ import ctypes
 import dataclasses
 import fcntl
 import hashlib
+import importlib
 import json
 import logging
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,15 +64,15 @@ def _stem(settings: StaticSettings) -> Path:
         "cache": [settings.max_input_tokens, settings.max_tokens_limit],
         "torch": torch.__version__,
         "inductor": OPTIONS,
-        "step": "batcher.static.decode.next_logits",  # what is compiled (transformers' generate() compiled another)
+        "step": "batcher.static.decode.next_logits, ahead of time",  # what is compiled, and how
     }
     key = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:24]
     return Path(cache_dir()) / "static-graphs" / key
 
 
-def _marker(settings: StaticSettings, shape: tuple[int, int]) -> Path:
+def _path(settings: StaticSettings, shape: tuple[int, int]) -> Path:
     stem = _stem(settings)
-    return stem.with_name(f"{stem.name}-{shape[0]}x{shape[1]}")
+    return stem.with_name(f"{stem.name}-{shape[0]}x{shape[1]}.graph")
 
 
 def builds_aside(settings: StaticSettings) -> bool:
@@ -76,13 +81,69 @@ def builds_aside(settings: StaticSettings) -> bool:
 
 
 def stored(settings: StaticSettings, shape: tuple[int, int]) -> bool:
-    return _marker(settings, shape).is_file()
+    return _path(settings, shape).is_file()
 
 
-def mark(settings: StaticSettings, shape: tuple[int, int]) -> None:
-    marker = _marker(settings, shape)
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.write_text(json.dumps({"model": settings.model_path, "dtype": settings.dtype}) + "\n")
+def build(runner, shapes: list[tuple[int, int]]) -> float:
+    """Trace, compile and store the decode step's graph of each shape, and hand it to `runner`
+    (which decodes through it from then on); seconds."""
+    import torch
+
+    from batcher.static import decode
+    from batcher.static.shapes import static_cache
+
+    started = time.perf_counter()
+    for rows, length in shapes:
+        tokens, positions = (torch.zeros(rows, 1, dtype=torch.long, device=runner.device) for _ in range(2))
+        mask = torch.ones(rows, length, dtype=torch.long, device=runner.device)
+        cache = static_cache(runner.model, rows, length, runner.device)
+        example = (runner.model, tokens, mask, positions, cache)  # distinct tensors: traced as distinct inputs
+        # no guards: the runner calls each graph only with its own shape, and Dynamo cannot store
+        # those that check objects' identities (the model's modules). A new dict: compile takes it apart
+        options = {"guard_filter_fn": torch.compiler.skip_all_guards_unsafe}
+        step = torch.compile(decode.next_logits, fullgraph=True, dynamic=False, options=options)
+        with torch.inference_mode(), torch._inductor.config.patch(OPTIONS):  # rounds run in inference mode
+            graph = step.aot_compile((example, {}))
+        path = _path(runner.settings, (rows, length))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        graph.save_compiled_function(str(path))  # written whole, then renamed: never half a file
+        runner.use_graph((rows, length), graph)
+    return time.perf_counter() - started
+
+
+def load(settings: StaticSettings, shape: tuple[int, int]):
+    """The stored graph of this shape, ready to call as `decode.next_logits`; None where none is
+    stored, or the one stored cannot serve (unreadable, or traced from source that changed since:
+    removed, so that it is built again; the log says which)."""
+    import torch
+    from torch._dynamo.package import _hash_sourcelines
+
+    from batcher.static import decode
+
+    path, started = _path(settings, shape), time.perf_counter()
+    try:
+        with open(path, "rb") as stored_graph:
+            graph = torch.compiler.load_compiled_function(stored_graph, f_globals=vars(decode))
+        changed = [
+            source.module
+            for source in graph.source_info().inlined_sources
+            if _hash_sourcelines(importlib.import_module(source.module), source.firstlineno, source.lastlineno)
+            != source.checksum
+        ]
+    except FileNotFoundError:
+        return None
+    except Exception as exc:  # a file from another torch, or cut short: build it again
+        reason = f"{type(exc).__name__}: {exc}"
+        log.warning("static engine: the stored graph %s cannot be loaded (%s); it is built again", path.name, reason)
+        path.unlink(missing_ok=True)
+        return None
+    if changed:
+        changed = ", ".join(sorted(set(changed)))
+        log.info("static engine: the stored graph %s was traced from source since changed (%s)", path.name, changed)
+        path.unlink(missing_ok=True)
+        return None
+    log.info("static engine: the decode graph of %d row(s) x %d loaded in %.1fs", *shape, time.perf_counter() - started)
+    return graph
 
 
 class Build:
@@ -147,9 +208,7 @@ def main(shown: str, shapes: str, parent: str = "0") -> None:
         from batcher.static.runner import Runner, set_torch_threads
 
         set_torch_threads(settings.torch_threads)
-        seconds = Runner(settings).warm_up(wanted)
-        for shape in wanted:
-            mark(settings, shape)
+        seconds = build(Runner(settings), wanted)
     log.info("the static engine's graphs are built and stored in %.1fs", seconds)
 
 

@@ -80,7 +80,8 @@ class Runner:
         self.max_batch = settings.batch_size
         self.max_cache_len = settings.max_input_tokens + settings.max_tokens_limit
         model_path = settings.model_path
-        self._graphs: set[Shape] = set()  # (graph_width, cache length) compiled so far
+        # each (graph_width, cache length) ready: its step, compiled here (`step`) or loaded (graphs.py)
+        self._graphs: dict[Shape, Callable] = {}
         # whether a round may make a graph not made yet (else it runs eager): the worker's gate
         self.may_compile: Callable[[Shape], bool] = lambda shape: True
         self.prefix = PrefixCache(settings.prefix_cache)
@@ -118,6 +119,10 @@ class Runner:
         )
 
     compiles = property(lambda self: self.step is not None)
+
+    def use_graph(self, shape: Shape, step: Callable) -> None:
+        """Decode the rounds of this shape through `step`, a graph built elsewhere (graphs.py)."""
+        self._graphs[shape] = step
 
     def shape(self, inputs: dict[str, torch.Tensor], max_tokens: int) -> Shape | None:
         """The graph this round decodes through, or None: eager (not compiled, or a graph that
@@ -202,7 +207,7 @@ class Runner:
         ):
             decode.generate(
                 self.model,
-                decode.next_logits if shape is None else self.step,
+                decode.next_logits if shape is None else self._graphs.get(shape, self.step),
                 inputs,
                 cache,
                 processors,
@@ -212,6 +217,6 @@ class Runner:
                 max(s.params.max_tokens for s in seqs),
             )
         if shape is not None:  # compiled: this width and cache length's graph exists now
-            self._graphs.add(shape)
+            self._graphs.setdefault(shape, self.step)
         self.prefix.after(kept)
         return [rows.finish(row) for row in range(real)]

@@ -61,7 +61,7 @@ class StaticWorker(EngineThread):
         self.graphs_wanted: set[Shape] = set()
         self.graphs_failed: set[Shape] = set()
         self.graphs_settled = threading.Event()
-        self.warm_up_graphs: dict[str, int] = {}  # what the last warm-up's graphs came from
+        self.graphs_loaded = 0  # stored graphs loaded (built aside)
         self.rounds = 0
 
     def details(self) -> dict:
@@ -87,11 +87,11 @@ class StaticWorker(EngineThread):
             self.runner = self._load_runner()
         self.vocab_size = self.runner.model.config.vocab_size
         if self.runner.compiles and graphs.builds_aside(self.settings):
-            self.runner.may_compile = self._may_compile  # graphs.py: never a cold compile on a round's path
-            missing = {shape for shape in self.runner.first_shapes() if not graphs.stored(self.settings, shape)}
+            self.runner.may_compile = self._may_compile  # graphs.py: never a compile on a round's path
+            missing = [shape for shape in self.runner.first_shapes() if not self._load_graph(shape)]
             if missing:  # ready at once, eager, while a child builds them
-                self.graphs = graphs.Build(self.settings, sorted(missing))
-                return
+                self.graphs = graphs.Build(self.settings, missing)
+            return
         if self.runner.compiles:  # STATIC_COMPILE: the first graphs, before any request waits on them
             self._enter_phase("compiling")
             self._warm_up(self.runner.first_shapes())
@@ -105,19 +105,22 @@ class StaticWorker(EngineThread):
         with fence.model_work(), fence.static_round():  # in fence.py's order
             seconds = self.runner.warm_up(shapes)
         loaded, compiled, frozen = (counters["inductor"][kind] - n for kind, n in zip(kinds, before, strict=True))
-        self.warm_up_graphs = {"loaded": loaded, "compiled": compiled, "frozen": frozen}
-        log.info(
-            "static engine: decode step ready in %.1fs (Inductor graphs: %d loaded from the compile cache, "
-            "%d compiled and stored, %d compiled uncacheable: frozen weights)",
-            seconds, loaded, compiled, frozen,
-        )  # fmt: skip
-        for shape in shapes if graphs.builds_aside(self.settings) else []:
-            graphs.mark(self.settings, shape)
+        log.info("static engine: decode step ready in %.1fs (Inductor graphs: %d loaded from its cache, %d compiled"
+                 " and stored, %d compiled uncacheable: frozen)", seconds, loaded, compiled, frozen)  # fmt: skip
+
+    def _load_graph(self, shape: Shape) -> bool:
+        """A stored graph handed to the runner (graphs.load), whether there was one. Not fenced:
+        loading traces nothing and runs no model."""
+        step = graphs.load(self.settings, shape)
+        if step is not None:
+            self.runner.use_graph(shape, step)
+            self.graphs_loaded += 1
+        return step is not None
 
     def _may_compile(self, shape: Shape) -> bool:
         """The runner's gate (model thread): a stored graph is loaded where a round needs it; one
         not stored is asked of a child process, and the round decodes eager meanwhile."""
-        if graphs.stored(self.settings, shape):
+        if self._load_graph(shape):
             return True
         if shape not in self.graphs_failed:
             self.graphs_wanted.add(shape)
@@ -131,14 +134,13 @@ class StaticWorker(EngineThread):
             built, shapes = self.graphs.done(), self.graphs.shapes
             if built is None:
                 return
-            try:
-                if built:
-                    self._warm_up(shapes)  # /health shows the build until they are loaded
+            try:  # /health shows the build until they are loaded
+                failed = [shape for shape in shapes if not (built and self._load_graph(shape))]
             finally:
                 self.graphs = None
-            if not built:
-                self.graphs_failed.update(shapes)
-                log.error("static engine: a child process failed to build graphs %s; they stay eager", shapes)
+            if failed:
+                self.graphs_failed.update(failed)
+                log.error("static engine: a child process failed to build graphs %s; they stay eager", failed)
         wanted = sorted(s for s in self.graphs_wanted if not graphs.stored(self.settings, s))
         self.graphs_wanted.clear()
         if wanted:
