@@ -21,6 +21,8 @@ vLLM thread holds it around its build and each step, and the static thread aroun
 compiles (a new graph: rare, see Runner.needs_compile), taken before the static fence. Always in
 that order (model_work, then the fence), so neither thread waits on the other in a cycle; a vLLM
 step does not trace (vLLM compiles at build, with a symbolic batch size).
+The GGUF blocks' graphs take neither: a child process builds them and the model thread loads them
+whole, without tracing (batcher/static/graphs.py).
 
 The locks are module-level on purpose: what it guards is process-wide (torch's classes), so two
 apps in one process must share it. Reentrant: a trace may start another inside it.
