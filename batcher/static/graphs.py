@@ -116,7 +116,7 @@ def load(settings: StaticSettings, shape: tuple[int, int]):
     stored, or the one stored cannot serve (unreadable, or traced from source that changed since:
     removed, so that it is built again; the log says which)."""
     import torch
-    from torch._dynamo.package import _hash_sourcelines
+    from torch._dynamo.package import _hash_sourcelines  # private: torch's own check for its stored graphs
 
     from batcher.static import decode
 
