@@ -59,7 +59,7 @@ def openmp_runtime() -> str:
     """Which OpenMP this process's parallel loops run on: "intel" where Intel's libiomp5 was
     preloaded (`make serve`'s PRELOAD), "gnu" otherwise (torch's own libgomp). GNU's stops
     spinning at its barriers once a process holds more OpenMP threads than cores (vLLM's pool
-    beside the static engine's), so a static round sleeps and wakes at each one: up to 2.5x slower
-    (docs/performance.md#the-graphs-stored-whole-loaded-without-tracing)."""
+    beside the static engine's), so a static round sleeps and wakes at each one (what that costs:
+    docs/performance.md#the-graphs-stored-whole-loaded-without-tracing)."""
     with open("/proc/self/maps") as maps:
         return "intel" if "libiomp5" in maps.read() else "gnu"

@@ -68,7 +68,7 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
     if vllm_settings.enabled and vllm_settings.device == "cpu" and openmp_runtime() == "gnu":
         log.warning(
             "OpenMP is GNU's here (Intel's libiomp5 not preloaded): beside vLLM's threads the static engine's rounds "
-            "run up to 2.5x slower; `make serve` preloads it (LD_PRELOAD: docs/operations.md, Preloads)"
+            "run far slower; `make serve` preloads it (LD_PRELOAD: docs/operations.md, Preloads)"
         )
     use_compile_cache(config.compile_cache_dir, vllm_settings.device)  # before anything compiles
 

@@ -140,7 +140,7 @@ class StaticWorker(EngineThread):
                 self.graphs = None
             if failed:
                 self.graphs_failed.update(failed)
-                log.error("static engine: a child process failed to build graphs %s; they stay eager", failed)
+                log.error("static engine: graphs %s were not built or cannot be loaded; they stay eager", failed)
         wanted = sorted(s for s in self.graphs_wanted if not graphs.stored(self.settings, s))
         self.graphs_wanted.clear()
         if wanted:
