@@ -39,11 +39,20 @@ def switch(value: str) -> bool | None:
 
 
 def pick(
-    engine: str, dtype: str, eager: bool | None, device: str, model_path: str, profile_dir: str, dense_only=False
+    engine: str,
+    dtype: str,
+    eager: bool | None,
+    device: str,
+    model_path: str,
+    profile_dir: str,
+    dense_only=False,
+    budget_mib: float | None = None,
+    beside=None,
 ) -> Picked:
     """`engine`'s dtype and decoding on `device`: DTYPE ("auto" or a name) and its eager knob
     (None: auto) as set; every auto from this machine's profile under `profile_dir`; `dense_only`
-    (STATIC_WEIGHTS=dense): no row that reads the GGUF's blocks."""
+    (STATIC_WEIGHTS=dense): no row that reads the GGUF's blocks; `budget_mib` (MEMORY_BUDGET_GIB)
+    the worker's memory, shared with the other engine's row `beside` (choose.room)."""
     if device.startswith("cuda"):
         gpu_dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
         picked = (gpu_dtype if dtype == "auto" else dtype, False if eager is None else eager)
@@ -51,7 +60,8 @@ def pick(
     profile = store.load(store.machine_key(model_path), profile_dir) if os.path.isdir(model_path) else None
     if profile is not None and dense_only:
         profile = {**profile, "rows": [row for row in profile["rows"] if row["dtype"] != BLOCKS]}
-    dtype, eager, reason = choose.resolve(profile, engine, dtype, eager)
+    room = None if profile is None or budget_mib is None else choose.room(profile, engine, budget_mib, beside)
+    dtype, eager, reason = choose.resolve(profile, engine, dtype, eager, room)
     return Picked(dtype, eager, reason, prior.step_seconds(profile, engine, dtype, eager))
 
 

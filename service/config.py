@@ -11,6 +11,7 @@ from pydantic.dataclasses import dataclass
 
 from batcher.checkpoint import CHECKPOINT_NAME, DEFAULT_CACHE_DIR, DEFAULT_MODEL
 from batcher.compile_cache import DEFAULT_COMPILE_CACHE_DIR, kernel_dir
+from batcher.profile.choose import MEMORY_BUDGET_GIB
 from batcher.profile.store import DEFAULT_PROFILE_DIR
 from batcher.settings import BLOCKS, StaticSettings, VLLMSettings
 from service.setting_words import worded
@@ -95,6 +96,8 @@ class Config:
     # converted from a GGUF); dense: DTYPE's weights; auto: the profile's faithful-then-fastest row
     static_weights: str = "auto"  # auto | dense | blocks
     static_prefix_cache: bool = False  # keep a one-row round's KV cache for the next prompt that extends it
+    # the worker's memory the profile's auto choices keep within (CPU; batcher/profile/choose.py)
+    memory_budget_gib: Annotated[float, between(high=4096, above=0)] = MEMORY_BUDGET_GIB
     # continuous batching (vLLM)
     vllm_enabled: bool = True
     vllm_max_num_seqs: Annotated[int, between(1, 65536)] = 64
@@ -183,11 +186,13 @@ class Config:
         from batcher.device import pick, pick_device, switch
 
         device = pick_device(self.device)
-        compiles = switch(self.static_compile)
-        eager = None if compiles is None else not compiles
-        dtype = BLOCKS if self.static_weights == "blocks" else self.dtype
-        dense = self.static_weights == "dense"
-        picked = pick("static", dtype, eager, device, model_path, self.profile_dir, dense_only=dense)
+        eager = None if (compiles := switch(self.static_compile)) is None else not compiles
+        dtype, dense = BLOCKS if self.static_weights == "blocks" else self.dtype, self.static_weights == "dense"
+        vllm = self.vllm_engine(model_path) if self.vllm_enabled else None  # first: choose.room
+        beside, budget = (vllm.dtype, vllm.enforce_eager) if vllm else None, self.memory_budget_gib * 1024
+        picked = pick(
+            "static", dtype, eager, device, model_path, self.profile_dir, dense, budget_mib=budget, beside=beside
+        )
         return StaticSettings(
             model_path=model_path,
             device=device,
@@ -210,7 +215,10 @@ class Config:
         from batcher.device import pick, pick_device, switch
 
         device = pick_device("auto")  # vLLM picks its own platform; DEVICE is the static engine's
-        picked = pick("vllm", self.dtype, switch(self.vllm_enforce_eager), device, model_path, self.profile_dir)
+        eager, budget = switch(self.vllm_enforce_eager), self.memory_budget_gib * 1024
+        picked = pick(
+            "vllm", self.dtype, eager, device, model_path, self.profile_dir, budget_mib=budget, beside="least"
+        )
         return VLLMSettings(
             model_path=model_path,
             enabled=self.vllm_enabled,

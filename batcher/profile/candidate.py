@@ -5,9 +5,13 @@ phase wants), and only while what it is projected to take stays
 within its cap: the seconds of a decode step in the fidelity chunks, times the steps left.
 
 Events, one JSON line per stage, so that a candidate the parent kills at its cap keeps what it had
-measured: {"event": "built", start_s, compile_s, dtype}; {"event": "fidelity", exact, of, prefix,
-france, france_text, completions}; then {"event": "done", status, runs?}: status "measured", "not
-faithful: ...", "too slow: projected N s, over its cap of C s" or "failed: ...".
+measured: {"event": "built", start_s, compile_s, dtype, stored, warm_start_s}; {"event":
+"fidelity", exact, of, prefix, france, france_text, completions}; then {"event": "done", status,
+runs?, memory_mib}: status "measured", "not faithful: ...", "too slow: projected N s, over its
+cap of C s" or "failed: ...". memory_mib: what the process grew by from before the build (the
+allocator's free pages handed back first: batcher/memory.py) to the end of its runs. An estimate:
+a child's first engine also brings the imports its build makes (a worker holds them too), and a
+dropped vLLM engine is not freed (it stays counted in the base of the next, never in its row).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import timeit
 import traceback
 from functools import partial
 
+from batcher.memory import release_free_memory, resident_mib
 from batcher.profile import fidelity
 
 
@@ -26,11 +31,15 @@ def measure(spec: dict, build, emit) -> None:
     `reference` (None: this is the reference) and `speed_always`; `build(spec)`: the engine."""
     started = time.monotonic()
     try:
+        release_free_memory()  # the engine measured before was dropped: its freed pages are not counted
+        base = resident_mib()
         engine = build(spec)
+        base = engine.built.pop("memory_base_mib", base)  # past what only building needed (child.py)
         emit({"event": "built", **engine.built})
         status, step_s = _fidelity(spec, engine, emit, started)
         runs, why = ([], None) if status else _speed(spec, engine, started, step_s)
-        emit({"event": "done", "status": status or why or "measured", "runs": runs})
+        memory = resident_mib() - base  # weights, graphs, caches, what the rounds left held
+        emit({"event": "done", "status": status or why or "measured", "runs": runs, "memory_mib": memory})
     except Exception as exc:  # this candidate fails; the child goes on with the next one
         traceback.print_exc()
         emit({"event": "done", "status": f"failed: {type(exc).__name__}: {exc}"[:200]})

@@ -31,13 +31,14 @@ FINISH_BUDGET_S = FINISH_CAP_S / measure.CAP_SHARE  # so that each candidate's c
 
 
 def unfinished(profile: dict | None) -> list[tuple[str, str, bool]]:
-    """Per engine (vLLM first), the compiled form of its fastest faithful eager row, where the
-    budget or its cap cut it short; [] once finished, or with nothing faithful to compile."""
+    """Per engine (vLLM first), the compiled form of its fastest faithful eager row that `auto`
+    may take (choose.best_to_compile), where the budget or its cap cut it short; [] once
+    finished, or with nothing faithful to compile."""
     if profile is None or profile.get("finished_at") or profile.get("reference") != "measured":
         return []
     rows, todo = profile["rows"], []
     for engine in ("vllm", "static"):
-        best, _ = choose.choose(rows, engine, eager=True)
+        best = choose.best_to_compile(rows, engine)
         if best is None:
             continue
         candidate = (engine, best["dtype"], False)

@@ -11,8 +11,9 @@ call of 1, 4 (and, vLLM only, 64) prompts of 20 tokens (the fidelity calls were 
 The order (`candidates`, `next_candidate`): the eager rows first, fp32 (the reference, static
 then vLLM's, its fallback), fp16 and bf16 (a few seconds each once an engine is built; bf16 was
 unfaithful on every CPU measured so far, yet defaults are decided by measuring); then, per engine,
-the compiled form of its fastest faithful eager row (what can win: compiling changes no answer,
-is faster where measured, but slow from a cold cache), vLLM's first (the static engine's compiled
+the compiled form of its fastest faithful eager row among those whose graphs a later start loads
+(what can win: compiling changes no answer, is faster where measured, but slow from a cold cache;
+`auto` passes over a form compiled again at every start: choose.py), vLLM's first (the static engine's compiled
 graphs pad every round to BATCH_SIZE rows, which costs a one-prompt run); then the other compiled
 rows, each only where its eager row was faithful (the figures:
 docs/performance.md#the-machine-profile-faithful-first-then-fastest). Every engine keeps one
@@ -68,13 +69,13 @@ def candidates() -> list[tuple[str, str, bool]]:
 
 def next_candidate(todo: list[tuple[str, str, bool]], rows: list[dict]) -> tuple[str, str, bool]:
     """The next of `todo` (in `candidates`' order) to measure, given the rows so far: every eager
-    row first, then per engine (vLLM first) the compiled form of its fastest faithful eager row,
-    then the rest as they come."""
+    row first, then per engine (vLLM first) the compiled form of its fastest faithful eager row
+    among those a later start loads (choose.best_to_compile), then the rest as they come."""
     eager = [candidate for candidate in todo if candidate[2]]
     if eager:
         return eager[0]
     for engine in ("vllm", "static"):
-        best, _ = choose.choose(rows, engine, eager=True)
+        best = choose.best_to_compile(rows, engine)
         if best is not None and (engine, best["dtype"], False) in todo:
             return engine, best["dtype"], False
     return todo[0]
@@ -143,6 +144,9 @@ def row_for(candidate: tuple[str, str, bool], result: dict, sizes) -> dict:
     row = {"engine": engine, "dtype": dtype, "eager": eager, "status": result["status"]}
     if "start_s" in result:
         row.update(start_s=round(result["start_s"], 1), compile_s=result.get("compile_s"))
+        row.update({k: result[k] for k in ("stored", "memory_mib") if k in result})
+        if "warm_start_s" in result:
+            row["warm_start_s"] = round(result["warm_start_s"], 1)
     row.update({k: result[k] for k in ("exact", "of", "prefix", "france", "france_bar", "france_text") if k in result})
     runs = result.get("runs") or []
     row["speed"] = {str(n): round(statistics.median(r), 3) for n, r in zip(sizes, runs, strict=False)}
@@ -197,5 +201,8 @@ def measure(model_path: str, log_path: Path, budget_s: float = BUDGET_S, only=No
         "reference": "measured" if first.get("status") == "measured" else first.get("status"),
         "prompts": form,  # fidelity.FORMS: through the chat template, or as plain completions
         "notes": quantized_notes(key["cpu"].get("flags", [])),
+        # the larger child's imports (vLLM's): what a worker holds besides its engines' rows
+        # (its own small parts, Flask and SQLAlchemy, not counted)
+        "base_mib": children.base_mib or None,
         "rows": rows,
     }

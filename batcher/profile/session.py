@@ -76,7 +76,7 @@ class Children:
     """Every engine's child, started on its first candidate; `measure` one candidate in it."""
 
     def __init__(self, log, cache: str):
-        self.log, self.cache, self.alive = log, cache, {}
+        self.log, self.cache, self.alive, self.base_mib = log, cache, {}, 0
 
     def spawn(self, engines) -> None:
         """Every engine's child at once, before any candidate runs: their imports (one core
@@ -99,6 +99,8 @@ class Children:
         if not child.ready:
             event = child.event(deadline)
             child.ready = event is not None and event["event"] == "ready"
+            if child.ready:  # its imports: the larger child's (vLLM's) the worker's base
+                self.base_mib = max(self.base_mib, event.get("memory_mib", 0))
             if not child.ready:
                 self.drop(engine)
         return child.ready

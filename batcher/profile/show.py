@@ -23,6 +23,10 @@ def cells(row: dict) -> dict:
         "France -> Paris": france if measured else "-",
         "start (s)": row.get("start_s", "-"),
         "compile (s)": round(row["compile_s"], 1) if row.get("compile_s") else "-",
+        "later start (s)": "compiles again"
+        if "start_s" in row and not choose.stored(row)
+        else row.get("warm_start_s", "-"),
+        "memory (MiB)": row.get("memory_mib", "-"),
         **{f"{n} prompts (s)": speed.get(n, "-") for n in choose.WEIGHTS},
         "faithful": "yes" if choose.faithful(row) else "no",
     }
@@ -48,8 +52,14 @@ def lines(profile: dict | None) -> list[str]:
         out += [f"- {note}" for note in profile.get("notes", [])]
         if profile.get("finished_at"):
             out.append(f"- compiled rows finished in the background: {profile['finished_at']}")
-    for engine in ("static", "vllm"):
-        dtype, eager, reason = choose.resolve(profile, engine, "auto", None)
+    if profile and profile.get("base_mib"):
+        budget = f"MEMORY_BUDGET_GIB's default: {choose.MEMORY_BUDGET_GIB}"
+        out.append(f"- a worker's imports: {profile['base_mib']} MiB ({budget})")
+    budget, chosen = choose.MEMORY_BUDGET_GIB * 1024, {}
+    for engine, beside in (("vllm", "least"), ("static", "vllm")):  # as service/config.py resolves them
+        room = choose.room(profile, engine, budget, chosen.get(beside, beside)) if profile else None
+        dtype, eager, reason = choose.resolve(profile, engine, "auto", None, room)
+        chosen[engine] = (dtype, eager)
         out.append(f"{engine}: auto -> {choose.SHORT[dtype]} {'eager' if eager else 'compiled'} ({reason})")
     return out
 

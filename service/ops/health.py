@@ -7,6 +7,7 @@ from __future__ import annotations
 import resource
 
 from batcher.engine import EngineThread
+from batcher.memory import resident_mib
 from batcher.predict import Prediction, Work
 
 
@@ -46,7 +47,7 @@ def engine_health(engine: EngineThread) -> dict:
     }
 
 
-def health_reply(engines: dict[str, EngineThread], max_new_tokens: int) -> tuple[dict, int]:
+def health_reply(engines: dict[str, EngineThread], max_new_tokens: int, memory_budget_gib: float) -> tuple[dict, int]:
     """/health's body and status code: 200 once the static engine (the one every deployment
     has) is ready; 503 before, and 503 "draining" from SIGTERM on, so that a balancer stops
     sending work at once; 503 "failed" once any engine failed (its load raised, its thread
@@ -64,7 +65,9 @@ def health_reply(engines: dict[str, EngineThread], max_new_tokens: int) -> tuple
     else:
         status = "ok" if ready else "unavailable"
     peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux: VmHWM
-    reply = {"status": status, "engines": body, "peak_memory_gib": round(peak_gib, 3)}
+    now_gib = resident_mib() / 1024  # what the profile's choices were to keep within MEMORY_BUDGET_GIB
+    reply = {"status": status, "engines": body, "memory_gib": round(now_gib, 3), "peak_memory_gib": round(peak_gib, 3)}
+    reply["memory_budget_gib"] = memory_budget_gib
     if died:
         reply["failed"] = died
     return reply, 200 if status == "ok" else 503

@@ -158,6 +158,8 @@ def test_health_reports_each_engine(client):
     assert engines["static"]["status"] == "ready"
     assert engines["vllm"]["status"] in ("loading", "ready")
     assert r.json["peak_memory_gib"] > 0.25  # this process's own peak: at least the model's weights
+    assert 0.25 < r.json["memory_gib"] <= r.json["peak_memory_gib"]  # now: at most its peak
+    assert r.json["memory_budget_gib"] == 2.5  # MEMORY_BUDGET_GIB's default, beside what it bounds
 
 
 def test_metrics_are_prometheus_text_that_counts_rounds_and_tokens(client):

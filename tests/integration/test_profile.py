@@ -68,14 +68,67 @@ def test_no_profile_or_no_reference_is_fp32_eager_and_says_so():
 
 
 def test_an_explicit_knob_wins():
-    fast = row("static", "float16", False, (0.3, 0.5))
+    fast = row("static", "blocks", False, (0.3, 0.5))
     slow = row("static", "float32", True, (1.0, 2.0))
-    assert choose.resolve(profile(fast, slow), "static", "auto", None)[:2] == ("float16", False)
+    assert choose.resolve(profile(fast, slow), "static", "auto", None)[:2] == ("blocks", False)
     assert choose.resolve(profile(fast, slow), "static", "float32", None)[:2] == ("float32", True)
     assert choose.resolve(profile(fast, slow), "static", "auto", True)[:2] == ("float32", True)
     assert choose.resolve(profile(fast, slow), "static", "bfloat16", True) == ("bfloat16", True, "set explicitly")
     # set, but nothing measured faithful with it: the other knob falls back, saying why
     assert choose.resolve(profile(slow), "static", "auto", False)[:2] == ("float32", False)
+
+
+def test_auto_passes_over_a_compiled_form_that_every_start_compiles_again_unless_it_is_asked_for():
+    eager = row("static", "float32", True, (1.0, 2.0))
+    dense = row("static", "float16", False, (0.3, 0.5), start=61.0)  # frozen weights: nothing stored
+    blocks = {**row("static", "blocks", False, (0.4, 0.6)), "stored": True, "warm_start_s": 14.0}
+    dtype, eager_, reason = choose.resolve(profile(eager, dense, blocks), "static", "auto", None)
+    assert (dtype, eager_) == ("blocks", False), reason
+    assert "start 14 s" in reason and "passed over: 1 compiled again at every start" in reason
+    assert choose.resolve(profile(eager, dense), "static", "auto", None)[:2] == ("float32", True)
+    assert choose.resolve(profile(eager, dense), "static", "auto", False)[:2] == ("float16", False)  # STATIC_COMPILE=1
+
+
+def memory_profile() -> dict:
+    """A worker's imports 800 MiB; vLLM compiled faster than eager and larger; the static
+    engine's fp16 fastest and larger than its blocks."""
+    mib = lambda r, m: {**r, "memory_mib": m}  # noqa: E731
+    return {
+        **profile(
+            mib(row("static", "float32", True, (1.0, 2.0)), 600),
+            mib(row("static", "blocks", True, (0.5, 0.8)), 250),
+            mib(row("static", "float16", True, (0.3, 0.5)), 400),
+            mib(FP32, 900),
+            mib(row("vllm", "float32", False, (0.6, 0.7, 2.0)), 950),
+        ),
+        "base_mib": 800,
+    }
+
+
+@pytest.mark.parametrize(
+    ("budget_gib", "vllm", "static", "passed_over"),
+    [
+        (2.5, ("float32", False), ("float16", True), None),  # room for the fastest of each
+        (2000 / 1024, ("float32", False), ("blocks", True), "2 over the 250 MiB"),  # what vLLM's row leaves
+        (1980 / 1024, ("float32", True), ("blocks", True), "1 over the 930 MiB"),  # 1980 - 800 - 250 (the least)
+    ],
+)
+def test_the_memory_budget_holds_both_engines_rows_and_the_imports(
+    model_path, tmp_path, budget_gib, vllm, static, passed_over
+):
+    store.save({**memory_profile(), "key": store.machine_key(model_path)}, tmp_path)
+    config = Config(profile_dir=str(tmp_path), memory_budget_gib=budget_gib)
+    v, s = config.vllm_engine(model_path), config.static_engine(model_path)
+    assert ((v.dtype, v.enforce_eager), (s.dtype, not s.compile)) == (vllm, static), (v.reason, s.reason)
+    held = {(r["engine"], r["dtype"], r["eager"]): r["memory_mib"] for r in memory_profile()["rows"]}
+    total = 800 + held["vllm", *vllm] + held["static", *static]
+    assert total <= budget_gib * 1024
+    if passed_over:
+        assert passed_over in v.reason + s.reason and "MEMORY_BUDGET_GIB" in v.reason + s.reason
+    # nothing fits: fp32 eager, as without a profile, and the reason says why
+    tight = Config(profile_dir=str(tmp_path), memory_budget_gib=1.0).vllm_engine(model_path)
+    assert (tight.dtype, tight.enforce_eager) == ("float32", True)
+    assert "none of 2 faithful vllm candidates may run (2 over the" in tight.reason
 
 
 def test_the_bench_measures_again_all_but_what_was_measured_unfaithful():
