@@ -72,8 +72,8 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
         )
     use_compile_cache(config.compile_cache_dir, vllm_settings.device)  # before anything compiles
 
-    static_engine = StaticWorker(static_settings, metrics=metrics)
     vllm_engine = VLLMWorker(vllm_settings, context=app.test_request_context, metrics=metrics)
+    static_engine = StaticWorker(static_settings, metrics=metrics, serving=vllm_engine.inflight)
     engines = {"static": static_engine, "vllm": vllm_engine}
     store = Store(config.database)
     state = AppState(

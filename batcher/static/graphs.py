@@ -34,6 +34,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,10 +47,11 @@ log = logging.getLogger(__name__)
 # in the child (docs/performance.md#the-blocks-compiled-once-loaded-at-every-start). In the markers' key.
 OPTIONS = {"cpp_wrapper": True}
 PR_SET_PDEATHSIG = 1  # prctl(2)
+PACE_S = 0.05  # how often a build looks whether the worker serves (Build): what a request shares with it
 
 
 def _stem(settings: StaticSettings) -> Path:
-    """Where this model and form's markers go, less the shape's part of the name."""
+    """Where this model and form's graphs go, less the shape's part of the name."""
     import torch
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
@@ -148,14 +150,32 @@ def load(settings: StaticSettings, shape: tuple[int, int]):
 
 class Build:
     """The child process that builds the graphs of `shapes`: `done()` is None while it runs, then
-    whether it made them (its log lines go to the worker's stderr, named)."""
+    whether it made them (its log lines go to the worker's stderr, named). It builds only while
+    the worker serves nothing: stopped (SIGSTOP, with the compilers it runs: its own process
+    group) whenever `busy()`, continued once idle, looked at every PACE_S. Beside requests, at
+    any CPU priority, a build slowed the worker's answers 2.5x (docs/performance.md, "The graphs
+    stored whole"). Its group stays in the worker's session, so that the worker's death, even a
+    SIGKILL, orphans it and the kernel continues it (SIGHUP, SIGCONT): never left stopped."""
 
-    def __init__(self, settings: StaticSettings, shapes: list[tuple[int, int]]):
-        self.shapes = shapes
+    def __init__(self, settings: StaticSettings, shapes: list[tuple[int, int]], busy=lambda: False):
+        self.shapes, self.paused = shapes, False
         args = [json.dumps(dataclasses.asdict(settings)), json.dumps(shapes), str(os.getpid())]
-        self.process = subprocess.Popen([sys.executable, "-m", __name__, *args], stdin=subprocess.DEVNULL)
+        command = [sys.executable, "-m", __name__, *args]
+        self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, process_group=0)
         shown = ", ".join(f"{rows} row(s) x {length}" for rows, length in shapes)
         log.info("static engine: a child process (pid %d) builds the graphs of %s", self.process.pid, shown)
+        threading.Thread(target=self._pace, args=(busy,), name="graph-build-pace", daemon=True).start()
+
+    def _pace(self, busy) -> None:
+        while self.process.poll() is None:
+            if busy() != self.paused:
+                self.pause(not self.paused)
+            time.sleep(PACE_S)
+
+    def pause(self, paused: bool) -> None:
+        with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+            os.killpg(self.process.pid, signal.SIGSTOP if paused else signal.SIGCONT)
+        self.paused = paused
 
     def done(self) -> bool | None:
         code = self.process.poll()
@@ -163,7 +183,8 @@ class Build:
 
     def stop(self) -> None:
         if self.process.poll() is None:
-            self.process.kill()
+            with contextlib.suppress(ProcessLookupError):  # SIGKILL ends stopped processes too
+                os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
 
 
@@ -192,6 +213,9 @@ def _one_build(settings: StaticSettings) -> Iterator[None]:
 def main(shown: str, shapes: str, parent: str = "0") -> None:
     if int(parent):
         _die_with(int(parent))
+    # the cores' last claim, its compilers' too (they inherit it), for the moments before the
+    # worker stops it (Build): a build that waits costs only eager rounds a while longer
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     from batcher.compile_cache import import_torch_first, use_compile_cache
 
     import_torch_first()  # as the service does: the caches' keys depend on it

@@ -43,18 +43,19 @@ class StaticWorker(EngineThread):
         *,
         metrics: Metrics | None = None,
         load_runner: Callable[[], Runner] | None = None,
+        serving: Callable[[], int] = lambda: 0,
     ):
-        """`load_runner`: builds the runner in the model thread (tests hand in one they built)."""
+        """`load_runner`: builds the runner in the model thread (tests hand in one they built);
+        `serving`: the requests this process's other engine holds (a build aside waits on both)."""
         super().__init__(settings, max_queue=settings.max_queue, metrics=metrics)
         self._load_runner = load_runner or functools.partial(Runner, settings)
-        self.batch_size = settings.batch_size
-        self.batch_wait_s = settings.batch_wait_ms / 1000
+        self.batch_size, self.batch_wait_s = settings.batch_size, settings.batch_wait_ms / 1000
         self.cost = StaticCost(self.batch_size, self.batch_wait_s, prior=settings.profile_step_s)
         self.torch_threads = settings.torch_threads
         self.metrics.queue_depth.set_function(self.workload.qsize)
         self.metrics.inflight.set_function(self.inflight)
-        self.settings = settings
-        self.runner: Runner | None = None
+        self.settings, self.runner = settings, None
+        self.busy = lambda: self.inflight() + serving() > 0  # graphs.Build: it builds only while idle
         # the blocks' graphs built aside (graphs.py): the child building some, the shapes rounds
         # asked for since, those a child failed to build (eager for good), and whether none is pending
         self.graphs: graphs.Build | None = None
@@ -90,7 +91,7 @@ class StaticWorker(EngineThread):
             self.runner.may_compile = self._may_compile  # graphs.py: never a compile on a round's path
             missing = [shape for shape in self.runner.first_shapes() if not self._load_graph(shape)]
             if missing:  # ready at once, eager, while a child builds them
-                self.graphs = graphs.Build(self.settings, missing)
+                self.graphs = graphs.Build(self.settings, missing, self.busy)
             return
         if self.runner.compiles:  # STATIC_COMPILE: the first graphs, before any request waits on them
             self._enter_phase("compiling")
@@ -144,7 +145,7 @@ class StaticWorker(EngineThread):
         wanted = sorted(s for s in self.graphs_wanted if not graphs.stored(self.settings, s))
         self.graphs_wanted.clear()
         if wanted:
-            self.graphs = graphs.Build(self.settings, wanted)
+            self.graphs = graphs.Build(self.settings, wanted, self.busy)
             self.graphs_settled.clear()
         else:
             self.graphs_settled.set()

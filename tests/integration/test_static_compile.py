@@ -21,6 +21,7 @@ import select
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -35,6 +36,7 @@ from service import create_app, shutdown
 from service.config import Config
 from service.http.state import app_state
 from service.ops.health import engine_health
+from tests.helpers import wait_until
 from tests.helpers.apps import post
 from tests.helpers.workers import PROMPTS, run, static_settings
 
@@ -227,16 +229,40 @@ def test_a_stored_graph_that_cannot_be_loaded_is_removed_to_be_built_again(tiny,
     assert not graphs.stored(settings, (1, 64)) and "cannot be loaded" in caplog.text
 
 
-def test_a_build_child_ends_with_the_worker_that_started_it_even_one_killed(tiny, tmp_path, monkeypatch):
+def state(pid: int) -> str:
+    """A process's state letter (/proc/PID/stat): "T" stopped."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_a_build_runs_only_while_the_worker_serves_nothing(tiny, tmp_path, monkeypatch):
+    """Beside requests a build slowed the worker's answers 2.5x whatever its CPU priority: it is
+    stopped while the worker holds requests, and continued once it holds none (graphs.Build)."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    settings = static_settings(tiny[1], static_weights="blocks", static_compile="1", batch_size=4, **SMALL)
+    serving = threading.Event()
+    serving.set()
+    build = graphs.Build(settings, [(1, 64)], busy=serving.is_set)
+    try:
+        for busy in (True, False, True):
+            serving.set() if busy else serving.clear()
+            wait_until(lambda b=busy: (state(build.process.pid) == "T") == b, 30, f"the build {'stopped' * busy}")
+    finally:
+        build.stop()
+    assert build.done() is False and not graphs.stored(settings, (1, 64))
+
+
+@pytest.mark.parametrize("paused", [False, True])
+def test_a_build_child_ends_with_the_worker_that_started_it_even_one_killed(tiny, tmp_path, monkeypatch, paused):
     """A worker killed with SIGKILL runs no clean-up: its build child must not run on alone to
-    its end (batcher/static/graphs.py: the parent-death signal)."""
+    its end (batcher/static/graphs.py: the parent-death signal), nor stay stopped for good, if the
+    worker served meanwhile (the kernel continues an orphaned process group: graphs.Build)."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # the child's cache, and `stored`'s
     settings = static_settings(tiny[1], static_weights="blocks", static_compile="1", batch_size=4, **SMALL)
     worker = (  # stands in for the worker: starts a build, says its pid, waits
         "import json, sys; from batcher.static import graphs; from batcher.settings import StaticSettings; "
         "values = json.loads(sys.argv[1]); values['profile_step_s'] = (); "
-        "build = graphs.Build(StaticSettings(**values), [[1, 64]]); print(build.process.pid, flush=True); "
-        "sys.stdin.read()"
+        f"build = graphs.Build(StaticSettings(**values), [[1, 64]], busy=lambda: {paused}); "
+        "print(build.process.pid, flush=True); sys.stdin.read()"
     )
     shown = json.dumps(dataclasses.asdict(settings))
     parent = subprocess.Popen([sys.executable, "-c", worker, shown], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
@@ -244,6 +270,8 @@ def test_a_build_child_ends_with_the_worker_that_started_it_even_one_killed(tiny
     gone = os.pidfd_open(child)  # readable once the child has ended
     try:
         assert not select.select([gone], [], [], 0)[0]  # it runs while its worker lives
+        if paused:
+            wait_until(lambda: state(child) == "T", 30, "the build stopped while its worker serves")
         parent.kill()
         parent.wait()
         assert select.select([gone], [], [], 120)[0], f"build child {child} still runs"
