@@ -175,7 +175,7 @@ def post_worker_init(worker):
 
         state = app_state(app)
         config, engines, registry = state.config, state.engines, state.metrics.registry
-        beacon.attach(lambda: health_reply(engines, config.max_new_tokens), lambda: metrics_text(registry))
+        beacon.attach(lambda: health_reply(engines, config), lambda: metrics_text(registry))
 
     def on_sigterm(signum, frame):  # only sets events: the drain runs in its own thread
         begin_shutdown(app)

@@ -9,6 +9,7 @@ import resource
 from batcher.engine import EngineThread
 from batcher.memory import resident_mib
 from batcher.predict import Prediction, Work
+from service.config import Config
 
 
 def load_entry(engine: EngineThread, prompts: int, max_tokens: int) -> dict:
@@ -47,14 +48,14 @@ def engine_health(engine: EngineThread) -> dict:
     }
 
 
-def health_reply(engines: dict[str, EngineThread], max_new_tokens: int, memory_budget_gib: float) -> tuple[dict, int]:
+def health_reply(engines: dict[str, EngineThread], config: Config) -> tuple[dict, int]:
     """/health's body and status code: 200 once the static engine (the one every deployment
     has) is ready; 503 before, and 503 "draining" from SIGTERM on, so that a balancer stops
     sending work at once; 503 "failed" once any engine failed (its load raised, its thread
     raised, or it held work and made no progress for ENGINE_STALL_S), naming it and the error in
     `failed`: the process leaves then, under gunicorn, and a fresh one starts."""
     body = {name: engine_health(engine) for name, engine in engines.items()}
-    for name, load in predicted(engines, 1, max_new_tokens).items():
+    for name, load in predicted(engines, 1, config.max_new_tokens).items():
         body[name]["predicted"] = load
     ready = body["static"]["status"] == "ready"
     died = {name: engine.error for name, engine in engines.items() if engine.status == "failed"}
@@ -67,7 +68,7 @@ def health_reply(engines: dict[str, EngineThread], max_new_tokens: int, memory_b
     peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux: VmHWM
     now_gib = resident_mib() / 1024  # what the profile's choices were to keep within MEMORY_BUDGET_GIB
     reply = {"status": status, "engines": body, "memory_gib": round(now_gib, 3), "peak_memory_gib": round(peak_gib, 3)}
-    reply["memory_budget_gib"] = memory_budget_gib
+    reply["memory_budget_gib"] = config.memory_budget_gib
     if died:
         reply["failed"] = died
     return reply, 200 if status == "ok" else 503

@@ -14,7 +14,7 @@ bp = Blueprint("ops", __name__)
 def health():
     """health_reply's (service/ops/health.py), for the app's own engines."""
     state = current()
-    reply, code = health_reply(state.engines, state.config.max_new_tokens, state.config.memory_budget_gib)
+    reply, code = health_reply(state.engines, state.config)
     return jsonify(reply), code
 
 
