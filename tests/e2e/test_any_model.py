@@ -50,9 +50,7 @@ def opt_folder(tmp_path_factory):
 @pytest.fixture(scope="module")
 def served_opt(opt_folder, tmp_path_factory):
     profiles = tmp_path_factory.mktemp("profiles")  # its profile apart from the default model's
-    # a short budget: what is asserted is the reference row, measured within seconds (the rest is cut short)
-    env = {"MODEL": str(opt_folder), "PROFILE_DIR": str(profiles), "PROFILE_BUDGET": "60"}
-    srv = MakeServe(tmp_path_factory.mktemp("serve-opt"), env)
+    srv = MakeServe(tmp_path_factory.mktemp("serve-opt"), {"MODEL": str(opt_folder), "PROFILE_DIR": str(profiles)})
     try:
         srv.wait_ready(900)  # at once, with the defaults: the model has no profile yet
         srv.wait_switched(1200)  # then on the profile's choices, measured beside it

@@ -16,6 +16,7 @@ class FakeChildren:
 
     def __init__(self, log, cache, clock):
         self.clock, self.caps, self.closed = clock, {}, False
+        self.base_mib = 0  # no child started: no imports measured
 
     def measure(self, engine_, spec, cap_s, deadline):
         settings = spec["settings"]
