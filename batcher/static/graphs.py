@@ -153,7 +153,7 @@ class Build:
     whether it made them (its log lines go to the worker's stderr, named). It builds only while
     the worker serves nothing: stopped (SIGSTOP, with the compilers it runs: its own process
     group) whenever `busy()`, continued once idle, looked at every PACE_S. Beside requests, at
-    any CPU priority, a build slowed the worker's answers 2.5x (docs/performance.md, "The graphs
+    any CPU priority, a build slowed the worker's answers several times over (docs/performance.md, "The graphs
     stored whole"). Its group stays in the worker's session, so that the worker's death, even a
     SIGKILL, orphans it and the kernel continues it (SIGHUP, SIGCONT): never left stopped."""
 

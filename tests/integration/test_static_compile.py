@@ -235,7 +235,7 @@ def state(pid: int) -> str:
 
 
 def test_a_build_runs_only_while_the_worker_serves_nothing(tiny, tmp_path, monkeypatch):
-    """Beside requests a build slowed the worker's answers 2.5x whatever its CPU priority: it is
+    """Beside requests a build slowed the worker's answers whatever its CPU priority: it is
     stopped while the worker holds requests, and continued once it holds none (graphs.Build)."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     settings = static_settings(tiny[1], static_weights="blocks", static_compile="1", batch_size=4, **SMALL)
