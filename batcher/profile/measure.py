@@ -20,7 +20,8 @@ docs/performance.md#the-machine-profile-faithful-first-then-fastest). Every engi
 process for its candidates (session.py). Each candidate has a cap, CAP_SHARE of the budget (each
 engine's first, fp32 eager: all that is left): the child stops it once its projection passes the
 cap ("too slow"), the parent kills it at the cap ("timed out"); a candidate the budget cannot
-start is recorded as such.
+start is recorded as such. The reference alone runs whatever the budget: it has the whole budget
+from when its child is ready, however long that child's imports took.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ SIZES = {"static": (1, 4), "vllm": (1, 4, 64)}
 TIMED_TOKENS, BUDGET_S = 20, 200.0
 CAP_SHARE = 0.4  # of the budget, per candidate: one slow candidate cannot starve the rest
 MIN_START_S = 10.0  # less left than this: not started (no engine builds and answers in that)
+IMPORTS_S = 300.0  # the most the reference's child may take to import (its engine's packages)
 # Prompts per fidelity call: vLLM takes all 20 at once (as it would batch them); the static
 # engine BATCH_SIZE, which lets a candidate stop after the call where the bar went out of reach,
 # run in turn alone (rounds of 1) and as one round of BATCH_SIZE (`widths`): the two widths
@@ -155,8 +157,9 @@ def row_for(candidate: tuple[str, str, bool], result: dict, sizes) -> dict:
 
 def measure(model_path: str, log_path: Path, budget_s: float = BUDGET_S, only=None, base=None, **how) -> dict:
     """The profile: every candidate (or those in `only`, and the reference) within `budget_s`
-    seconds in all. `base`: (StaticSettings, VLLMSettings) to vary (default: `templates`); `how`:
-    `cache` (the compile cache folder), `repeats`, `sizes`, `speed_always` (time unfaithful rows too)."""
+    seconds in all (the reference past them where its child's imports took them). `base`:
+    (StaticSettings, VLLMSettings) to vary (default: `templates`); `how`: `cache` (the compile
+    cache folder), `repeats`, `sizes`, `speed_always` (time unfaithful rows too)."""
     started, key = time.monotonic(), store.machine_key(model_path)
     deadline, base = started + budget_s, base or templates(model_path)
     todo = [c for c in candidates() if only is None or c in only or c == candidates()[0]]
@@ -170,11 +173,17 @@ def measure(model_path: str, log_path: Path, budget_s: float = BUDGET_S, only=No
             texts, form = fidelity.prompt_texts(AutoTokenizer.from_pretrained(model_path))
             rows, reference = [], None
             print(f"  fidelity prompts: {fidelity.FORMS[form]}", flush=True)
+            # the reference is measured whatever the budget: every other row is judged against it,
+            # and without it the profile chooses nothing. Its child may import past the budget's
+            # end (within IMPORTS_S), and the row has the whole budget once that child is ready
+            children.ready([todo[0][0]], started + max(budget_s, IMPORTS_S))
             children.ready(engines, deadline)
+            reference_end = time.monotonic() + budget_s
             while todo:
                 candidate = next_candidate(todo, rows)
                 todo.remove(candidate)
-                why = skipped(candidate, rows, deadline - time.monotonic(), gguf_source(model_path) is not None)
+                end = deadline if rows else reference_end
+                why = skipped(candidate, rows, end - time.monotonic(), gguf_source(model_path) is not None)
                 if why is None:
                     # an engine's first row (fp32 eager: the reference, and vLLM's fallback) runs
                     # to what is left, unprojected: without it that engine has nothing measured
@@ -183,7 +192,7 @@ def measure(model_path: str, log_path: Path, budget_s: float = BUDGET_S, only=No
                     cap = budget_s if first else CAP_SHARE * budget_s
                     spec = spec_for(candidate, base[candidate[0] == "vllm"], texts, reference, **how)
                     spec["project"] = not first  # the first runs to its cap (candidate._over)
-                    result = children.measure(candidate[0], spec, cap, deadline)
+                    result = children.measure(candidate[0], spec, cap, end)
                     reference = reference or result.get("completions")
                     rows.append(row_for(candidate, result, how.get("sizes", SIZES)[candidate[0]]))
                 else:

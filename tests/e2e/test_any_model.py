@@ -50,7 +50,10 @@ def opt_folder(tmp_path_factory):
 @pytest.fixture(scope="module")
 def served_opt(opt_folder, tmp_path_factory):
     profiles = tmp_path_factory.mktemp("profiles")  # its profile apart from the default model's
-    srv = MakeServe(tmp_path_factory.mktemp("serve-opt"), {"MODEL": str(opt_folder), "PROFILE_DIR": str(profiles)})
+    # a short budget: the reference row is what this test reads, and it runs whatever the budget
+    # (batcher/profile/measure.py); the rest of a full profile is minutes of a tiny model's compiles
+    env = {"MODEL": str(opt_folder), "PROFILE_DIR": str(profiles), "PROFILE_BUDGET": "30"}
+    srv = MakeServe(tmp_path_factory.mktemp("serve-opt"), env)
     try:
         srv.wait_ready(900)  # at once, with the defaults: the model has no profile yet
         srv.wait_switched(1200)  # then on the profile's choices, measured beside it

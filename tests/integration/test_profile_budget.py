@@ -14,9 +14,11 @@ class FakeChildren:
     # the blocks row free (0 s), so that the budget's arithmetic below is the dense rows'
     costs = {"vllm float32 eager": 40.0, "vllm float16 eager": 100.0, "static blocks eager": 0.0}
 
+    imports_s = 0.0  # what the children's imports take on the clock
+
     def __init__(self, log, cache, clock):
         self.clock, self.caps, self.closed = clock, {}, False
-        self.base_mib = 0  # no child started: no imports measured
+        self.base_mib, self.waited = 0, []  # no child started: no imports measured
 
     def measure(self, engine_, spec, cap_s, deadline):
         settings = spec["settings"]
@@ -37,17 +39,31 @@ class FakeChildren:
         self.engines = engines
 
     def ready(self, engines, deadline):
-        assert engines == self.engines == ["static", "vllm"]
+        assert self.engines == ["static", "vllm"] and set(engines) <= set(self.engines)
+        self.waited.append((engines, deadline))
+        self.clock.now += self.imports_s
+        self.imports_s = 0.0  # the children import side by side: one wait for both
 
     def close(self):
         self.closed = True
 
 
-def test_each_candidate_has_its_cap_and_the_budget_decides_what_starts(model_path, tmp_path, monkeypatch):
+def fake_children(monkeypatch, imports_s: float = 0.0) -> list[FakeChildren]:
+    """measure.measure's clock and children faked; the children made, once it has run."""
     clock, made = Clock(), []
     monkeypatch.setattr(measure, "time", clock)
-    fake = lambda log, cache: made.append(FakeChildren(log, cache, clock)) or made[-1]  # noqa: E731
-    monkeypatch.setattr(measure.session, "Children", fake)
+
+    def children(log, cache):
+        made.append(FakeChildren(log, cache, clock))
+        made[-1].imports_s = imports_s
+        return made[-1]
+
+    monkeypatch.setattr(measure.session, "Children", children)
+    return made
+
+
+def test_each_candidate_has_its_cap_and_the_budget_decides_what_starts(model_path, tmp_path, monkeypatch):
+    made = fake_children(monkeypatch)
     result = measure.measure(model_path, tmp_path / "log", budget_s=150, cache="")
     children, rows = made[0], {choose.label(r): r for r in result["rows"]}
     assert children.closed and result["cap_s"] == 60
@@ -65,3 +81,17 @@ def test_each_candidate_has_its_cap_and_the_budget_decides_what_starts(model_pat
     assert rows["vllm float16 compiled"]["status"].startswith("not run: float16 eager timed out")
     assert rows["vllm float32 eager"]["speed"] == {"1": 1.0, "4": 1.0, "64": 1.0}
     assert choose.resolve(result, "vllm", "auto", None)[:2] == ("float32", True)  # as fast, and starts sooner
+
+
+def test_the_reference_is_measured_even_when_the_childrens_imports_took_the_budget(model_path, tmp_path, monkeypatch):
+    """A small PROFILE_BUDGET on a busy machine: the imports alone outlast it. The reference has
+    the whole budget from when its child is ready (every other row is judged against it, and
+    without it the profile chooses nothing); nothing else starts."""
+    made = fake_children(monkeypatch, imports_s=200.0)
+    result = measure.measure(model_path, tmp_path / "log", budget_s=30, cache="")
+    children, rows = made[0], {choose.label(r): r for r in result["rows"]}
+    assert children.waited[0] == (["static"], measure.IMPORTS_S)  # the reference's child: past the budget
+    assert children.waited[1] == (["static", "vllm"], 30)  # the others': the budget's end
+    assert children.caps["static float32 eager"] == 30 and result["reference"] == "measured"
+    assert rows["vllm float32 eager"]["status"] == "timed out: budget spent before it started"
+    assert choose.resolve(result, "static", "auto", None)[:2] == ("float32", True)
