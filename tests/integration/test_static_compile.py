@@ -21,6 +21,7 @@ import select
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -57,12 +58,23 @@ def tiny(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
+def inductor(tmp_path_factory) -> Iterator[Path]:
+    """One Inductor cache for the module's compiles, in this process and in the build children it
+    starts: a build is mostly the C++ of its kernels and of cpp_wrapper, the same code for the
+    same shapes, so each is compiled once here. The graph files are keyed by the model's path
+    (graphs._stem): a test that must find none stored uses a model folder of its own, or a cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("inductor")))
+        yield Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+
+
+@pytest.fixture(scope="module")
 def eager_runners(tiny) -> dict[str, Runner]:
     return {form: Runner(static_settings(tiny[1], **settings, **SMALL)) for form, settings in FORMS.items()}
 
 
 @pytest.fixture(scope="module")
-def compiled_runners(tiny) -> dict[str, Runner]:
+def compiled_runners(tiny, inductor) -> dict[str, Runner]:
     runners = {}
     for form, settings in FORMS.items():
         runner = Runner(static_settings(tiny[1], static_compile="1", batch_size=4, **settings, **SMALL))
@@ -193,12 +205,12 @@ def test_prompt_logprobs_come_from_the_eager_prefill_and_compile_nothing_new(pai
     assert [[t for t, _, _ in r.top] for r in mine] == [[t for t, _, _ in r.top] for r in theirs]
 
 
-def test_the_graphs_a_child_builds_are_loaded_by_a_later_start(tiny, eager_runners, tmp_path):
+def test_the_graphs_a_child_builds_are_loaded_by_a_later_start(tiny, eager_runners, inductor):
     """The blocks' graphs, built by the child a start without them runs (batcher/static/graphs.py,
     as the profile's child also builds them), are loaded by the next start, a process of its own:
     nothing traced or compiled again, and the eager runner's tokens. Two builds at once (two replicas' starts)
     build them once: the second waits for the first, then finds them stored."""
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
+    env = dict(os.environ)  # the module's Inductor cache (`inductor`): no other test builds this model's graphs
     settings = static_settings(tiny[1], static_weights="blocks", static_compile="1", batch_size=4, **SMALL)
     shapes = json.dumps([[1, 64], [4, 64]])  # what a start warms up (Runner.first_shapes)
     build = [sys.executable, "-m", "batcher.static.graphs", json.dumps(dataclasses.asdict(settings)), shapes]
@@ -317,7 +329,7 @@ def test_bad_values_are_refused():
 
 
 def test_graphs_not_stored_are_built_aside_while_rounds_decode_eager_and_a_later_start_loads_them(
-    tiny, eager_runners, tmp_path, monkeypatch
+    tiny, eager_runners, inductor, tmp_path
 ):
     """MODEL=<the GGUF file>, its blocks compiled, no graphs stored (a cache of its own): ready at
     once, decoding eager while a child process builds the first graphs (batcher/static/graphs.py),
@@ -325,7 +337,7 @@ def test_graphs_not_stored_are_built_aside_while_rounds_decode_eager_and_a_later
     eager and has it built the same way. The next start finds them stored: ready once it has
     loaded the first, and the longer one loaded where a round needs it. Every answer the eager
     runner's."""
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    # the module's Inductor cache (`inductor`); the model converted into tmp_path: its graph files its own
     settings = {"model": tiny[0], "cache_dir": str(tmp_path), "static_weights": "blocks"}
     settings |= {"max_input_tokens": 24, "max_new_tokens_limit": 104}  # caches of 64 and 128
     short, long = ({"prompts": [PROMPTS[0]], "max_tokens": n} for n in (8, 80))
