@@ -4,7 +4,8 @@ weights and SmolLM2's tokenizer stripped of its chat template, goes through `mak
 would run it: nginx and gunicorn serve it at once with the defaults, the profile is measured beside
 (through plain completions, and says so), a second gunicorn takes over with its choices
 (deploy/first_profile.py), and every route family answers one request: the completions routes of
-both engines 200, the chat and Responses routes a clear 400."""
+both engines 200, the chat and Responses routes a clear 400. And a GGUF file (MODEL=<path>.gguf):
+a tiny llama written with gguf-py, served by gunicorn on both engines."""
 
 import json
 
@@ -12,6 +13,7 @@ import pytest
 import requests
 
 from tests.helpers.make_serve import MakeServe
+from tests.helpers.servers import serving
 
 NO_TEMPLATE = "this model has no chat template"
 
@@ -95,3 +97,25 @@ def test_every_route_family_answers(served_opt, opt_folder):
         assert r.status_code == 200 and r.json()["data"][0]["id"] == model
     r = requests.post(f"{url}/tokenize", json={"model": model, "prompt": "Hello"}, timeout=30)
     assert r.status_code == 200 and r.json()["count"] >= 1, r.text
+
+
+def test_a_gguf_file_serves_on_both_engines(tmp_path):
+    """MODEL=<a GGUF file>: converted once into CACHE_DIR, vLLM serving the conversion (the blocks
+    dequantized), the static engine the file's own blocks (STATIC_WEIGHTS=blocks); both answer,
+    under the file's name."""
+    from batcher.checkpoint import gguf_path
+    from tests.helpers.tiny_gguf import write
+
+    model = write(tmp_path / "tiny.gguf", gguf_path())
+    env = {"MODEL": str(model), "CACHE_DIR": str(tmp_path / "models"), "STATIC_WEIGHTS": "blocks"}
+    with serving(tmp_path, env) as srv:
+        engines = srv.health()["engines"]
+        assert engines["static"]["settings"]["dtype"] == "blocks", engines["static"]
+        body = {"prompts": ["Hello there", "The sky is"], "max_tokens": 4, "ignore_eos": True}
+        for path in ("/generate", "/generate_vllm"):
+            r = requests.post(f"{srv.url}{path}", json=body, timeout=120)
+            assert r.status_code == 200 and len(r.json()["generated_texts"]) == 2, (path, r.text)
+        for prefix in ("/v1", "/static/v1"):
+            chat = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+            r = requests.post(f"{srv.url}{prefix}/chat/completions", json=chat, timeout=120)
+            assert r.status_code == 200 and r.json()["model"] == "tiny", (prefix, r.text)

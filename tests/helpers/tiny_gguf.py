@@ -8,7 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-HIDDEN, FFN, HEADS, KV_HEADS, LAYERS = 64, 128, 4, 2, 2
+# heads of 32: the smallest vLLM's CPU attention takes (a GGUF file serves on both engines)
+HIDDEN, FFN, HEADS, KV_HEADS, LAYERS = 64, 128, 2, 1, 2
 LAYER_TYPES = ("Q4_0", "Q4_1")
 
 
@@ -25,7 +26,7 @@ def write(path: Path, source: Path, seed: int = 0) -> Path:
             writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub_type)
     vocab = int(reader.fields["llama.vocab_size"].contents())
     writer.add_block_count(LAYERS)
-    writer.add_context_length(512)
+    writer.add_context_length(2048)  # VLLM_MAX_MODEL_LEN's default: vLLM takes no more than the model says
     writer.add_embedding_length(HIDDEN)
     writer.add_feed_forward_length(FFN)
     writer.add_head_count(HEADS)
