@@ -37,7 +37,9 @@ def static_cache(model, rows: int, length: int, device: str) -> StaticCache:
     """The round's KV cache, made before the prefill. On a CPU its tensors are not marked as
     static addresses, as transformers marks them for CUDA graphs: freezing (the runner's
     CPU_OPTIONS) takes a static input for a parameter and folds it into the graph as a constant,
-    so that every step would read the cache as it was at compile time (seen: an index out of bounds)."""
+    so that every step would read the cache as it was at compile time (seen: an index out of bounds).
+    transformers leaves them unmarked while torch says it compiles, and that flag is process-wide:
+    a cache made while vLLM compiles in its own thread has no mark to remove."""
     config = model.config
     cache = StaticCache(config=config, max_cache_len=length)
     if device == "cpu":
@@ -45,5 +47,5 @@ def static_cache(model, rows: int, length: int, device: str) -> StaticCache:
         cache.early_initialization(rows, config.num_key_value_heads, head_dim, model.dtype, device)
         for layer in cache.layers:
             for tensor in (layer.keys, layer.values, layer.cumulative_length):
-                del tensor._dynamo_static_input_type  # torch._dynamo.mark_static_address's mark
+                tensor.__dict__.pop("_dynamo_static_input_type", None)  # torch._dynamo.mark_static_address's mark
     return cache

@@ -31,7 +31,7 @@ from batcher.sampling import SamplingParams
 from batcher.sequence import Sequence
 from batcher.static import graphs
 from batcher.static.runner import Runner
-from batcher.static.shapes import cache_bucket
+from batcher.static.shapes import cache_bucket, static_cache
 from batcher.static.worker import StaticWorker
 from service import create_app, shutdown
 from service.config import Config
@@ -315,6 +315,19 @@ def test_a_prompt_that_extends_the_last_one_prefills_only_what_is_new(runner, mo
     assert runner.prefix.reused - before == 16  # the round of two dropped the kept cache
     monkeypatch.setattr(runner.prefix, "enabled", False)
     assert once(longer) == continued  # prefilled whole: the same greedy tokens
+
+
+def test_a_compiled_rounds_cache_is_made_while_vllm_compiles_in_its_own_thread(eager_runners):
+    """torch's "compiling" flag is process-wide, set for all of a compile (vLLM's, at its start, in
+    its thread), and transformers does not mark a static cache's tensors while it is set: a
+    compiled round's cache made then has no mark to remove (removing it failed the round)."""
+    import torch
+
+    runner = eager_runners["blocks"]
+    with torch.compiler._compile_session_context():  # what Dynamo holds around a compile
+        cache = static_cache(runner.model, 1, 64, "cpu")
+    tensors = [t for layer in cache.layers for t in (layer.keys, layer.values, layer.cumulative_length)]
+    assert tensors and not any(hasattr(t, "_dynamo_static_input_type") for t in tensors)
 
 
 def test_cache_lengths_come_in_a_few_buckets():
