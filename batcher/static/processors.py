@@ -158,12 +158,14 @@ class PerRowSampling(LogitsProcessor):
             k = torch.tensor([min(k or vocab, vocab) for k in self.top_k], device=scores.device)
             kth = scaled.sort(dim=-1, descending=True).values.gather(1, (k - 1)[:, None])
             scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-        sorted_logits, order = scaled.sort(dim=-1)  # ascending
-        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-        drop_sorted = cumulative <= 1 - self.top_p
-        drop_sorted[:, -1] = False  # always keep the most likely token
-        drop = drop_sorted.scatter(1, order, drop_sorted)
-        sampled = scaled.masked_fill(drop, float("-inf"))
+        sampled = scaled
+        if bool((self.top_p < 1).any()):  # as vLLM: no sort of the vocabulary unless a row asked
+            sorted_logits, order = scaled.sort(dim=-1)  # ascending
+            cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+            drop_sorted = cumulative <= 1 - self.top_p
+            drop_sorted[:, -1] = False  # always keep the most likely token
+            drop = drop_sorted.scatter(1, order, drop_sorted)
+            sampled = scaled.masked_fill(drop, float("-inf"))
         for row, generator in self.generators.items():
             token = torch.multinomial(sampled[row].softmax(dim=-1), 1, generator=generator)
             sampled[row] = _one_hot(sampled[row], token)

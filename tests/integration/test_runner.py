@@ -182,3 +182,24 @@ def test_a_round_runs_the_model_once_a_token_and_no_step_after_its_last_row_ends
         hook.remove()
     assert reasons == ["stop", "length"] and seqs[0].text == "The capital of France is "  # its stop string
     assert len(calls) == len(seqs[0].token_ids)
+
+
+def test_top_p_draws_from_the_likeliest_tokens_that_reach_it_and_at_one_from_every_token():
+    """PerRowSampling, seeded rows: top_p 0.5 keeps the one token that reaches it; top_p 1 (the
+    default, which sorts nothing) keeps all three, alone in its round or beside a row that sorts."""
+    import torch
+
+    from batcher.static.processors import PerRowSampling
+
+    def drawn(top_ps: list[float]) -> list[set[int]]:
+        seen = [set() for _ in top_ps]
+        for seed in range(200):
+            seqs = [Sequence("x", SamplingParams(max_tokens=1, temperature=1.0, top_p=p, seed=seed)) for p in top_ps]
+            scores = torch.tensor([[0.6, 0.3, 0.1]] * len(top_ps)).log()
+            kept = PerRowSampling(seqs, "cpu")(None, scores)
+            for row, tokens in enumerate(seen):
+                tokens.add(int(kept[row].argmax()))
+        return seen
+
+    assert drawn([1.0]) == [{0, 1, 2}]
+    assert drawn([0.5, 1.0]) == [{0}, {0, 1, 2}]
