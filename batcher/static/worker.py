@@ -92,21 +92,22 @@ class StaticWorker(EngineThread):
             missing = [shape for shape in self.runner.first_shapes() if not self._load_graph(shape)]
             if missing:  # ready at once, eager, while a child builds them
                 self.graphs = graphs.Build(self.settings, missing, self.busy)
-            return
-        if self.runner.compiles:  # STATIC_COMPILE: the first graphs, before any request waits on them
+                return
+        elif self.runner.compiles:  # STATIC_COMPILE: the first graphs, before any request waits on them
             self._enter_phase("compiling")
-            self._warm_up(self.runner.first_shapes())
+        self._warm_up(self.runner.first_shapes())
 
     def _warm_up(self, shapes: list[Shape]) -> None:
+        """A short round of each shape, its graph compiled if need be: no request pays a first call."""
         set_torch_threads(self.torch_threads)
         from torch._dynamo.utils import counters
 
         kinds = ("fxgraph_cache_hit", "fxgraph_cache_miss", "fxgraph_cache_bypass")
         before = [counters["inductor"][kind] for kind in kinds]  # process-wide: vLLM's count too
-        with fence.model_work(), fence.static_round():  # in fence.py's order
+        with fence.model_work() if self.phase == "compiling" else contextlib.nullcontext(), fence.static_round():
             seconds = self.runner.warm_up(shapes)
         loaded, compiled, frozen = (counters["inductor"][kind] - n for kind, n in zip(kinds, before, strict=True))
-        log.info("static engine: decode step ready in %.1fs (Inductor graphs: %d loaded from its cache, %d compiled"
+        log.info("static engine: warmed up in %.1fs (Inductor graphs: %d loaded from its cache, %d compiled"
                  " and stored, %d compiled uncacheable: frozen)", seconds, loaded, compiled, frozen)  # fmt: skip
 
     def _load_graph(self, shape: Shape) -> bool:
@@ -244,7 +245,6 @@ class StaticWorker(EngineThread):
         if not firsts:
             return
         steps, seconds = max(len(seq.token_ids) for seq in batch), time.monotonic() - began
-        log.debug(
-            "round measured: %d rows, prefill %.3fs, %d steps, %.3fs", len(batch), min(firsts) - began, steps, seconds
-        )
-        self.cost.observe(len(batch), min(firsts) - began, steps, seconds)
+        prefill = min(firsts) - began
+        log.debug("round measured: %d rows, prefill %.3fs, %d steps, %.3fs", len(batch), prefill, steps, seconds)
+        self.cost.observe(len(batch), prefill, steps, seconds)

@@ -37,14 +37,14 @@ class InstrumentedRunner(Runner):
         self.gate = threading.Event()
         self.entered = threading.Event()
 
-    def generate(self, seqs, inputs, failures=None):
+    def generate(self, seqs, inputs, failures=None, **how):
         prompts = [s.prompt for s in seqs]
         if POISON in prompts:
             raise RuntimeError("injected failure")
         if GATE in prompts:
             self.entered.set()
             assert self.gate.wait(60)
-        return super().generate(seqs, inputs, failures)
+        return super().generate(seqs, inputs, failures, **how)
 
 
 def run(runner, seqs):

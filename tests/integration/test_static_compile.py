@@ -342,7 +342,7 @@ def test_bad_values_are_refused():
 
 
 def test_graphs_not_stored_are_built_aside_while_rounds_decode_eager_and_a_later_start_loads_them(
-    tiny, eager_runners, inductor, tmp_path
+    tiny, eager_runners, inductor, tmp_path, caplog
 ):
     """MODEL=<the GGUF file>, its blocks compiled, no graphs stored (a cache of its own): ready at
     once, decoding eager while a child process builds the first graphs (batcher/static/graphs.py),
@@ -380,6 +380,7 @@ def test_graphs_not_stored_are_built_aside_while_rounds_decode_eager_and_a_later
             else:
                 assert "compiling" not in health["phase_seconds"] and "graphs" not in health
                 assert static.runner.first_shapes() == sorted(static.runner._graphs) and static.graphs_loaded == 2
+                assert "static engine: warmed up" in caplog.text  # the loaded graphs' first calls, before ready
             assert generated(app, long) == expected[80] and (1, 128) in static.runner._graphs
             assert generated(app, short) == expected[8]
             assert all(graphs.stored(static.settings, shape) for shape in static.runner._graphs)
