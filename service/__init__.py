@@ -82,7 +82,7 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
         metrics=metrics,
         model_path=path,
         started_at=int(time.time()),
-        # for chat templates (the same rendering for both engines); loaded on first use
+        # for chat templates (the same rendering for both engines); loaded at start (below), once
         load_tokenizer=functools.cache(lambda: AutoTokenizer.from_pretrained(path)),
         store=store,
         responses=ResponseStore(store.db, config.response_retention_s),
@@ -109,6 +109,7 @@ def create_app(config: Config | None = None, *, start: bool = True) -> Flask:
         vllm_engine.start()
         state.runner.start()
         state.background.start()
+        state.load_tokenizer()  # while the engines load: not on the first request's path
     return app
 
 

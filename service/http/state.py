@@ -32,7 +32,7 @@ class AppState:
     metrics: Metrics
     model_path: str  # the served model's folder (/v1/models' `root`)
     started_at: int  # Unix seconds (/v1/models' `created`)
-    load_tokenizer: Callable[[], Any]  # cached: loaded on first use, once
+    load_tokenizer: Callable[[], Any]  # cached: loaded once, at the start (create_app) or on first use
     store: Store | None = None  # files and batch jobs (service/jobs/store.py)
     responses: ResponseStore | None = None  # the Responses API's stored ones, in the store's database
     background: Background | None = None  # runs the background responses (service/openai/responses/background.py)

@@ -136,3 +136,12 @@ def test_a_start_on_gnu_openmp_beside_vllm_says_what_it_costs_and_one_with_the_p
     bare, preloaded = start_log({}), start_log({"LD_PRELOAD": str(iomp)})
     assert "OpenMP is GNU's here" in bare and "LD_PRELOAD" in bare
     assert "OpenMP is GNU's here" not in preloaded
+
+
+def test_the_chat_templates_tokenizer_is_loaded_at_start_not_by_the_first_request(tmp_path):
+    """Loaded on its first use, it made the first chat request after every start pay its load."""
+    from service.http.state import app_state
+    from tests.helpers.apps import static_app
+
+    with static_app(profile_dir=str(tmp_path)) as app:
+        assert app_state(app).load_tokenizer.cache_info().currsize == 1  # no request sent yet
