@@ -86,7 +86,17 @@ class VLLMWorker(EngineThread):
 
         # vLLM's own queue by each request's priority (batch lines last; FIFO among equals, as
         # "fcfs"), and under KV-cache pressure it preempts a batch line before interactive work
-        return LLMEngine.from_engine_args(EngineArgs(**s.engine_args(), scheduling_policy="priority"))
+        try:
+            return LLMEngine.from_engine_args(EngineArgs(**s.engine_args(), scheduling_policy="priority"))
+        except ValueError as exc:  # pydantic's ValidationError is one too
+            if "max_model_len" not in str(exc):
+                raise
+            # vLLM derives the model's length (rope scaling and all) and names its own argument: name ours
+            why = next(line for line in str(exc).splitlines() if "max_model_len" in line).split(" To allow")[0]
+            raise ValueError(
+                f"VLLM_MAX_MODEL_LEN={s.max_model_len} does not fit MODEL: set it (and MAX_INPUT_TOKENS +"
+                f" MAX_NEW_TOKENS_LIMIT within it) to the model's length or less. vLLM: {why}"
+            ) from exc
 
     def _load(self) -> None:
         # vLLM's CPU backend probes every attribute of every imported module with hasattr(),

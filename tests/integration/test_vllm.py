@@ -191,3 +191,20 @@ def test_the_kv_cache_is_the_size_asked_in_bytes_and_a_gpu_gets_none(vllm_app):
     quarter = dataclasses.replace(engine.settings, device="cpu", kv_cache_gib=0.25)
     assert quarter.engine_args()["kv_cache_memory_bytes"] == 2**28
     assert "kv_cache_memory_bytes" not in dataclasses.replace(quarter, device="cuda").engine_args()
+
+
+def test_a_max_model_len_past_the_models_own_fails_the_start_naming_our_setting(model_path):
+    """vLLM refuses a max_model_len longer than the model's (8192 here) in its own argument's name:
+    the engine's error, which /health and the stopped service show, names VLLM_MAX_MODEL_LEN."""
+    from batcher.vllm.worker import VLLMWorker
+    from service.config import Config
+
+    worker = VLLMWorker(Config(vllm_max_model_len=16384).vllm_engine(model_path))
+    dead = threading.Event()
+    worker.when_dead(lambda name, error: dead.set())
+    worker.start()
+    try:
+        assert dead.wait(300) and worker.status == "failed"
+        assert "VLLM_MAX_MODEL_LEN=16384 does not fit MODEL" in worker.error and "8192" in worker.error
+    finally:
+        worker.stop()
