@@ -56,11 +56,11 @@ def _static(settings: StaticSettings) -> SimpleNamespace:
     set_torch_threads(settings.torch_threads)  # as the service's model thread does
     started, batch = time.perf_counter(), settings.batch_size
     runner, compile_s, aside = Runner(settings), None, graphs.builds_aside(settings)
-    if runner.compiles:  # the blocks' graphs stored too: a service start with these settings loads them
+    if runner.compiles:  # its graphs stored on a CPU too: a service start with these settings loads them
         compile_s = graphs.build(runner, runner.first_shapes()) if aside else runner.warm_up()
     start_s = time.perf_counter() - started
     built = {"start_s": start_s, "compile_s": compile_s, "dtype": str(runner.dtype)}
-    # a later start: the same again (dense compiled: its compile too, nothing of it is stored)
+    # a later start: the same again (compiled where nothing is stored: its compile too)
     built.update(stored=not runner.compiles or aside, warm_start_s=start_s)
     if runner.compiles and aside:  # a later start loads what this one stored: measured as one would
         runner = None

@@ -12,7 +12,6 @@ Pure functions of the measured rows (tests/integration/test_profile.py feeds the
 from __future__ import annotations
 
 from batcher.profile.fidelity import MIN_PREFIX  # the mean agreeing prefix with the static fp32 eager reference
-from batcher.settings import BLOCKS
 
 # How much each request size counts: one prompt most (what a newcomer tries first, and a chat
 # user's every turn), a round of 4 next (the static engine's default batch), 64 the least (a
@@ -69,22 +68,15 @@ def describe(row: dict) -> str:
     )
 
 
-def compiled_stored(engine: str, dtype: str) -> bool:
-    """Whether a later start loads this form's compiled graphs: vLLM's from its cache, the static
-    engine's GGUF blocks' (batcher/static/graphs.py); not the static engine's dense forms, whose
-    graphs hold their frozen weights and are compiled again at every start."""
-    return engine != "static" or dtype == BLOCKS
-
-
 def stored(row: dict) -> bool:
-    """Whether a later start loads this row's graphs rather than compiling them again (as the
-    row says; rows measured before it did: by `compiled_stored`)."""
-    return row.get("stored", row["eager"] or compiled_stored(row["engine"], row["dtype"]))
+    """Whether a later start loads this row's graphs rather than compiling them again, as the row
+    says: every form on a CPU does (vLLM's from its cache, the static engine's: batcher/static/graphs.py)."""
+    return row["eager"] or row.get("stored", True)
 
 
 def best_to_compile(rows: list[dict], engine: str) -> dict | None:
-    """`engine`'s fastest faithful eager row whose compiled form `auto` may take (`stored`)."""
-    return choose([r for r in rows if compiled_stored(r["engine"], r["dtype"])], engine, eager=True)[0]
+    """`engine`'s fastest faithful eager row: the one whose compiled form `auto` would take."""
+    return choose(rows, engine, eager=True)[0]
 
 
 def warm_start(row: dict) -> float:

@@ -1,9 +1,9 @@
 """The compiled decode step's graphs, never compiled on a round's path: a graph not stored is
 built in a child process while the rounds that need it decode eager, then loaded.
 
-Only the GGUF's blocks form is built aside: its graphs are unfrozen (the blocks stay the graph's
-inputs: one copy of the weights), so a graph holds code alone and another process can load it (the
-dense forms freeze their weights into each graph, so they still compile where they are needed).
+Every form on a CPU is built aside: its graphs are unfrozen (the weights, GGUF blocks or packed for
+oneDNN, stay the graph's inputs: one copy, the model's), so a graph holds code alone and another
+process can load it. On a GPU the step compiles where it is first needed (CUDA graphs).
 
 - A graph is Dynamo's ahead-of-time compile of `decode.next_logits` for one width and cache
   length (batcher/static/shapes.py): traced and built by Inductor once (`build`), saved whole, and
@@ -12,7 +12,7 @@ dense forms freeze their weights into each graph, so they still compile where th
   graph by shape); it remembers the source it traced, and one traced from source that changed
   since is built again.
 - `stored(settings, shape)`: the graph's file under Inductor's cache folder, keyed by what it
-  depends on: the model, the form, the shapes, torch. Gone with the cache it belongs to.
+  depends on: the model, the form, the shapes, torch, the CPU. Gone with the cache it belongs to.
 - `Build`: `python -m batcher.static.graphs SETTINGS_JSON SHAPES_JSON [PARENT_PID]`, a process
   of its own (the worker's environment, so the same cache and keys) that builds and stores those
   shapes' graphs; it dies with its worker, and waits for another process building the same model
@@ -39,7 +39,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from batcher.settings import BLOCKS, StaticSettings
+from batcher.settings import StaticSettings
 
 log = logging.getLogger(__name__)
 # Inductor's settings for these graphs, set around the round that makes or loads one (Runner.generate):
@@ -56,6 +56,7 @@ def _stem(settings: StaticSettings) -> Path:
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
     from batcher.checkpoint import gguf_source
+    from batcher.profile.store import cpu_info
 
     source = gguf_source(settings.model_path)
     stat = source.stat() if source is not None else None
@@ -65,6 +66,7 @@ def _stem(settings: StaticSettings) -> Path:
         "form": [settings.device, settings.dtype, settings.batch_size],
         "cache": [settings.max_input_tokens, settings.max_tokens_limit],
         "torch": torch.__version__,
+        "cpu": cpu_info(),  # its C++ is built for this CPU's instructions: a copied cache builds again
         "inductor": OPTIONS,
         "step": "batcher.static.decode.next_logits, ahead of time",  # what is compiled, and how
     }
@@ -78,8 +80,8 @@ def _path(settings: StaticSettings, shape: tuple[int, int]) -> Path:
 
 
 def builds_aside(settings: StaticSettings) -> bool:
-    """Whether this form's graphs may be built in a child process (stored on disk: blocks on a CPU)."""
-    return settings.compile and settings.dtype == BLOCKS and settings.device == "cpu"
+    """Whether this form's graphs may be built in a child process (stored on disk: on a CPU)."""
+    return settings.compile and settings.device == "cpu"
 
 
 def stored(settings: StaticSettings, shape: tuple[int, int]) -> bool:

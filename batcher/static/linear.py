@@ -9,7 +9,9 @@ compiling anything. Where oneDNN cannot pack fp16 (it needs AVX512-FP16 or AVX-N
 means fp16 *weights* computed in fp32 (`half_weights`): every parameter rounded to fp16's values,
 read as fp16 by calls of fewer than FP16_BELOW rows (half the bytes) and packed in fp32 by wider
 ones; every other op runs in fp32. The price: the fp32 copy (fp32's memory and half of it again).
-Compiled decoding (STATIC_COMPILE) keeps plain linears: Inductor picks its own kernels.
+Compiled decoding (STATIC_COMPILE) runs the same layers: its graphs call the packed linear as an
+operator (`packed_linear`) with the packed weight as an input, so the weights stay one copy, held
+by the model, and a graph holds code alone (batcher/static/graphs.py stores and loads it).
 Figures: docs/performance.md#the-static-engines-decode-where-a-step-goes, and #per-cpu-kind's Zen 4.
 """
 
@@ -23,6 +25,18 @@ log = logging.getLogger(__name__)
 FP16_BELOW = 3  # rows of one fp16 linear call (tokens of the round) under which it reads fp16 weights
 
 
+@torch.library.custom_op("llm_static::packed_linear", mutates_args=())
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """oneDNN's linear on a packed weight, as an operator a graph calls: Inductor lowers the
+    oneDNN call itself only for a weight it froze into the graph as a constant."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@packed_linear.register_fake
+def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], out_features)
+
+
 class PackedLinear(torch.nn.Module):
     """`nn.Linear`'s forward on a weight [out, in] packed for oneDNN (`rows`: the batch it is packed for)."""
 
@@ -33,6 +47,8 @@ class PackedLinear(torch.nn.Module):
         self.bias = bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in_features]
+        if torch.compiler.is_dynamo_compiling():  # traced: the operator; eager: the call alone, without its dispatch
+            return packed_linear(x, self.packed, self.bias, self.out_features)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 

@@ -46,22 +46,11 @@ def set_torch_threads(n: int) -> None:
     _set_num_threads(n or len(os.sched_getaffinity(0)))
 
 
-# Inductor on a CPU (docs/performance.md#one-graph-a-compiled-decode-step-on-a-cpu): freezing
-# folds the weights into the graph as constants, so that max_autotune's C++ GEMM template packs
-# them once and picks its own micro-kernel for a step's few rows (faster than aten's linears at one
-# row); cpp_wrapper calls the step's kernels from C++, without Python between them. Set around the
-# round that compiles (Runner.generate; the worker holds fence.model_work then, so vLLM compiles
-# nothing under them), not as torch.compile's options: Dynamo reads `freezing` from the global
-# config while it traces, and without it leaves the weights as graph inputs.
-# The GGUF's blocks take cpp_wrapper alone (graphs.OPTIONS): their linears are our kernels (nothing
-# to autotune), and unfrozen, the blocks stay the graph's inputs (one copy) and Inductor caches the
-# graphs on disk, which it does not do for frozen ones: a later start loads them instead of compiling.
-CPU_OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN", "cpp_wrapper": True}
-
-
 def compiled_step(device: str):
     """The decode step compiled whole (batcher/static/decode.py): static shapes (see Runner.generate
-    for how few), so a static KV cache; CUDA graphs on a GPU, CPU_OPTIONS on a CPU. The prefill stays eager."""
+    for how few), so a static KV cache; CUDA graphs on a GPU, on a CPU graphs.OPTIONS around the
+    round that compiles (Runner.generate), its weights the graph's inputs, as eager reads them (one
+    copy: batcher/static/linear.py, blocks.py). The prefill stays eager."""
     mode = "reduce-overhead" if device.startswith("cuda") else "default"
     return torch.compile(decode.next_logits, fullgraph=True, dynamic=False, mode=mode)
 
@@ -93,9 +82,9 @@ class Runner:
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        eager_on_cpu = self.device == "cpu" and self.step is None
+        on_cpu = self.device == "cpu"
         # fp16 where oneDNN cannot pack it: fp16 weights computed in fp32 (batcher/static/linear.py)
-        half = eager_on_cpu and self.dtype == torch.float16 and packs(torch.float16) is not None
+        half = on_cpu and self.dtype == torch.float16 and packs(torch.float16) is not None
         half = half and packs(torch.float32) is None
         loaded = torch.float32 if half else self.dtype
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=loaded).to(self.device).eval()
@@ -104,7 +93,7 @@ class Runner:
             if self.device != "cpu":
                 raise ValueError("the GGUF's blocks are read by CPU kernels: DEVICE=cpu")
             linears = gguf_blocks.use_blocks(self.model, model_path, settings.kernel_dir)
-        if eager_on_cpu:  # batcher/static/linear.py
+        if on_cpu:  # batcher/static/linear.py, compiled or not
             packed = (half_weights if half else pack_linears)(self.model, self.max_batch)
             linears = "; ".join(filter(None, [linears, packed]))
         eos = self.model.generation_config.eos_token_id
@@ -200,9 +189,7 @@ class Runner:
             seq.prompt_tokens = count  # the prompt as this round saw it, padding off
         compiling = shape is not None and shape not in self._graphs and self.device == "cpu"
         with (
-            torch._inductor.config.patch(graphs.OPTIONS if self.blocks else CPU_OPTIONS)
-            if compiling
-            else contextlib.nullcontext(),
+            torch._inductor.config.patch(graphs.OPTIONS) if compiling else contextlib.nullcontext(),
             PromptLogprobs(seqs, inputs, self.tokenizer, failures).hooked(self.model),  # read off the prefill
         ):
             decode.generate(

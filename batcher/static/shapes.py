@@ -35,9 +35,9 @@ def pad_rows(seqs: list[Sequence], inputs: dict[str, torch.Tensor], width: int):
 
 def static_cache(model, rows: int, length: int, device: str) -> StaticCache:
     """The round's KV cache, made before the prefill. On a CPU its tensors are not marked as
-    static addresses, as transformers marks them for CUDA graphs: freezing (the runner's
-    CPU_OPTIONS) takes a static input for a parameter and folds it into the graph as a constant,
-    so that every step would read the cache as it was at compile time (seen: an index out of bounds).
+    static addresses, as transformers marks them for CUDA graphs: Inductor's freezing takes a static
+    input for a parameter and folds it into the graph as a constant, so that every step would read
+    the cache as it was at compile time (seen: an index out of bounds, when dense graphs froze).
     transformers leaves them unmarked while torch says it compiles, and that flag is process-wide:
     a cache made while vLLM compiles in its own thread has no mark to remove."""
     config = model.config

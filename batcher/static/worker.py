@@ -93,7 +93,7 @@ class StaticWorker(EngineThread):
             if missing:  # ready at once, eager, while a child builds them
                 self.graphs = graphs.Build(self.settings, missing, self.busy)
                 return
-        elif self.runner.compiles:  # STATIC_COMPILE: the first graphs, before any request waits on them
+        elif self.runner.compiles:  # STATIC_COMPILE on a GPU: the first graphs, before any request waits
             self._enter_phase("compiling")
         self._warm_up(self.runner.first_shapes())
 
@@ -106,9 +106,9 @@ class StaticWorker(EngineThread):
         before = [counters["inductor"][kind] for kind in kinds]  # process-wide: vLLM's count too
         with fence.model_work() if self.phase == "compiling" else contextlib.nullcontext(), fence.static_round():
             seconds = self.runner.warm_up(shapes)
-        loaded, compiled, frozen = (counters["inductor"][kind] - n for kind, n in zip(kinds, before, strict=True))
+        loaded, compiled, bypassed = (counters["inductor"][kind] - n for kind, n in zip(kinds, before, strict=True))
         log.info("static engine: warmed up in %.1fs (Inductor graphs: %d loaded from its cache, %d compiled"
-                 " and stored, %d compiled uncacheable: frozen)", seconds, loaded, compiled, frozen)  # fmt: skip
+                 " and stored, %d compiled uncacheable)", seconds, loaded, compiled, bypassed)  # fmt: skip
 
     def _load_graph(self, shape: Shape) -> bool:
         """A stored graph handed to the runner (graphs.load), whether there was one. Not fenced:

@@ -80,7 +80,7 @@ def test_an_explicit_knob_wins():
 
 def test_auto_passes_over_a_compiled_form_that_every_start_compiles_again_unless_it_is_asked_for():
     eager = row("static", "float32", True, (1.0, 2.0))
-    dense = row("static", "float16", False, (0.3, 0.5), start=61.0)  # frozen weights: nothing stored
+    dense = {**row("static", "float16", False, (0.3, 0.5), start=61.0), "stored": False}  # as a GPU's
     blocks = {**row("static", "blocks", False, (0.4, 0.6)), "stored": True, "warm_start_s": 14.0}
     dtype, eager_, reason = choose.resolve(profile(eager, dense, blocks), "static", "auto", None)
     assert (dtype, eager_) == ("blocks", False), reason

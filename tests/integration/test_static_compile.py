@@ -1,10 +1,10 @@
 """STATIC_COMPILE: the static engine decoding through a compiled step over a static KV cache.
 
 On a tiny llama written to a GGUF file (tests/helpers/tiny_gguf.py: the default model's tokenizer,
-two layers), in both compiled forms: dense fp32 (frozen weights, autotuned: compiled at every run,
-Inductor caches no frozen graph) and the GGUF's blocks (unfrozen: cached on disk; a start
-without them serves eager while a child process builds them, and a later start loads them, which
-a test here checks in processes of their own). The runner-level tests run
+two layers), in both compiled forms: dense fp32 (its weights packed for oneDNN) and the GGUF's
+blocks, each read by the graphs as inputs (one copy of the weights); a start without its graphs
+serves eager while a child process builds them, and a later start loads them, which tests here
+check (the blocks' form, in processes of their own too). The runner-level tests run
 eager and compiled: per-row parameters, streaming and cancellation must hold either way, and each
 compiled runner must give its eager runner's tokens. Every round here fits one cache length (64):
 two graphs a form, one row and a round padded to the batch size (4), compiled once for the module
@@ -226,6 +226,41 @@ def test_the_graphs_a_child_builds_are_loaded_by_a_later_start(tiny, eager_runne
     assert later["loaded"] == 2 and later["traced"] == 0, later
     expected = run(eager_runners["blocks"], [Sequence(PROMPTS[0], SamplingParams(max_tokens=8))])[0][0]
     assert later["text"] == expected
+
+
+def test_the_dense_forms_graph_is_built_aside_and_reads_the_models_one_copy_of_its_weights(
+    tiny, compiled_runners, inductor
+):
+    """The dense fp32 form is built aside and stored too (graphs.builds_aside), and its graph holds
+    code alone: the stored file is smaller than the weights, and the loaded graph reads the
+    model's own packed linears at every call, so a weight replaced after the build is the one it
+    uses (a frozen graph would hold its copy of the old ones)."""
+    import torch
+
+    from batcher.static.linear import PackedLinear
+
+    runner = compiled_runners["dense"]
+    assert graphs.builds_aside(runner.settings) and isinstance(runner.model.lm_head, PackedLinear)
+    assert graphs.build(runner, [(1, 64)]) > 0 and graphs.stored(runner.settings, (1, 64))
+    weights = sum(t.numel() * t.element_size() for t in runner.model.state_dict().values())
+    assert graphs._path(runner.settings, (1, 64)).stat().st_size < weights
+    graph = graphs.load(runner.settings, (1, 64))
+    cache = static_cache(runner.model, 1, 64, runner.device)
+    step = (
+        torch.zeros(1, 1, dtype=torch.long),
+        torch.ones(1, 64, dtype=torch.long),
+        torch.zeros(1, 1, dtype=torch.long),
+    )
+    head = runner.model.lm_head
+    with torch.inference_mode():
+        assert graph(runner.model, step[0], step[1], step[2], cache).abs().max() > 0
+        zeros = torch.zeros(head.out_features, head.in_features)
+        runner.model.lm_head = PackedLinear(zeros, None, runner.max_batch)
+        try:
+            logits = graph(runner.model, step[0], step[1], step[2], cache)
+        finally:
+            runner.model.lm_head = head
+    assert logits.abs().max() == 0
 
 
 def test_a_stored_graph_that_cannot_be_loaded_is_removed_to_be_built_again(tiny, tmp_path, monkeypatch, caplog):
