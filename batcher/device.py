@@ -51,7 +51,7 @@ def pick(
 ) -> Picked:
     """`engine`'s dtype and decoding on `device`: DTYPE ("auto" or a name) and its eager knob
     (None: auto) as set; every auto from this machine's profile under `profile_dir`; `dense_only`
-    (STATIC_WEIGHTS=dense): no row that reads the GGUF's blocks; `budget_mib` (MEMORY_BUDGET_GIB)
+    (STATIC_WEIGHTS or VLLM_WEIGHTS dense): no row that reads the GGUF's blocks; `budget_mib` (MEMORY_BUDGET_GIB)
     the worker's memory, shared with the other engine's row `beside` (choose.room)."""
     if device.startswith("cuda"):
         gpu_dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"

@@ -60,6 +60,7 @@ class VLLMSettings:
     tensor_parallel_size: int
     stall_s: float  # ENGINE_STALL_S
     profile_step_s: tuple[tuple[int, float], ...] = ()  # as StaticSettings'
+    kernel_dir: str = kernel_dir("")  # as StaticSettings': with dtype "blocks", where its kernels are
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -80,7 +81,6 @@ class VLLMSettings:
         from batcher.grammar import vllm_config
 
         names = (
-            "dtype",
             "max_num_seqs",
             "max_model_len",
             "gpu_memory_utilization",
@@ -89,6 +89,7 @@ class VLLMSettings:
         )
         return {
             "model": self.model_path,
+            **self._weights(),
             **{name: getattr(self, name) for name in names},
             "max_num_batched_tokens": SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS,  # the engine's own default
             "disable_log_stats": True,
@@ -97,3 +98,18 @@ class VLLMSettings:
             # if set); on a GPU gpu_memory_utilization sizes it
             **({"kv_cache_memory_bytes": self.kv_cache_bytes} if self.device == "cpu" else {}),
         }
+
+    def _weights(self) -> dict:
+        """dtype, and with "blocks" the GGUF's blocks read in fp32 (batcher/vllm/blocks.py: our
+        method, made known to vLLM here, before the engine that names it is built)."""
+        if self.dtype != BLOCKS:
+            return {"dtype": self.dtype}
+        from batcher.checkpoint import gguf_source
+        from batcher.vllm import blocks
+
+        source = gguf_source(self.model_path)
+        if source is None:
+            raise ValueError(f"{self.model_path} was not converted from a GGUF file: it has no blocks to read")
+        blocks.register()
+        config = blocks.quantization_config(source, self.kernel_dir)
+        return {"dtype": "float32", "quantization": blocks.NAME, "hf_overrides": {"quantization_config": config}}

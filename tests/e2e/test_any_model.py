@@ -100,17 +100,17 @@ def test_every_route_family_answers(served_opt, opt_folder):
 
 
 def test_a_gguf_file_serves_on_both_engines(tmp_path):
-    """MODEL=<a GGUF file>: converted once into CACHE_DIR, vLLM serving the conversion (the blocks
-    dequantized), the static engine the file's own blocks (STATIC_WEIGHTS=blocks); both answer,
-    under the file's name."""
+    """MODEL=<a GGUF file>: converted once into CACHE_DIR, both engines reading the file's own
+    blocks (STATIC_WEIGHTS and VLLM_WEIGHTS blocks); both answer, under the file's name."""
     from batcher.checkpoint import gguf_path
     from tests.helpers.tiny_gguf import write
 
     model = write(tmp_path / "tiny.gguf", gguf_path())
     env = {"MODEL": str(model), "CACHE_DIR": str(tmp_path / "models"), "STATIC_WEIGHTS": "blocks"}
-    with serving(tmp_path, env) as srv:
+    with serving(tmp_path, {**env, "VLLM_WEIGHTS": "blocks"}) as srv:
         engines = srv.health()["engines"]
         assert engines["static"]["settings"]["dtype"] == "blocks", engines["static"]
+        assert engines["vllm"]["settings"]["dtype"] == "blocks", engines["vllm"]
         body = {"prompts": ["Hello there", "The sky is"], "max_tokens": 4, "ignore_eos": True}
         for path in ("/generate", "/generate_vllm"):
             r = requests.post(f"{srv.url}{path}", json=body, timeout=120)

@@ -121,12 +121,12 @@ def measured(engine_: str, dtype: str, eager: bool, one_prompt_s: float, prefix:
 
 def test_the_order_is_every_eager_row_then_each_engines_best_compiled_one():
     order = measure.candidates()
-    assert order[0] == ("static", "float32", True) and len(set(order)) == 14
+    assert order[0] == ("static", "float32", True) and len(set(order)) == 16
     todo, rows, taken = list(order), [], []
     # eager rows as they come: vLLM fp16 the fastest faithful, static bf16 the fastest but unfaithful,
-    # the static engine's GGUF blocks slower than its fp16 here (so compiled after fp16's)
+    # each engine's GGUF blocks slower than its fp16 here (so compiled after fp16's)
     one_prompt = {("static", "float32"): 0.9, ("vllm", "float32"): 0.8, ("static", "float16"): 0.7}
-    one_prompt |= {("static", "blocks"): 0.75}
+    one_prompt |= {("static", "blocks"): 0.75, ("vllm", "blocks"): 0.65}
     one_prompt |= {("vllm", "float16"): 0.6, ("static", "bfloat16"): 0.5, ("vllm", "bfloat16"): 0.4}
     while todo:
         candidate = measure.next_candidate(todo, rows)
@@ -137,12 +137,13 @@ def test_the_order_is_every_eager_row_then_each_engines_best_compiled_one():
         rows.append(measured(*candidate, one_prompt.get((engine_, dtype), 0.3), prefix=1.0 if faithful else 0.6))
     labels = [choose.label(dict(zip(("engine", "dtype", "eager"), c, strict=True))) for c in taken]
     dense = [f"{e} {d} eager" for d in measure.DTYPES for e in ("static", "vllm")]
-    assert labels[:7] == dense[:2] + ["static blocks eager"] + dense[2:]  # fp32's answers, fewer bytes: early
+    blocks = ["static blocks eager", "vllm blocks eager"]
+    assert labels[:8] == dense[:2] + blocks + dense[2:]  # fp32's answers, fewer bytes: early
     # then what can win: each engine's fastest faithful eager row compiled, vLLM's first (every
     # form's graphs are stored on a CPU: the static engine's fp16, faster than its blocks here)
-    assert labels[7:9] == ["vllm float16 compiled", "static float16 compiled"]
-    rest = {f"{e} {d} compiled" for e in ("static", "vllm") for d in ("float32", "bfloat16")}
-    assert set(labels[9:]) == rest | {"static blocks compiled"}
+    assert labels[8:10] == ["vllm float16 compiled", "static float16 compiled"]
+    rest = {f"{e} {d} compiled" for e in ("static", "vllm") for d in ("float32", "bfloat16", "blocks")}
+    assert set(labels[10:]) == rest
 
 
 def test_what_is_not_run_says_why():
