@@ -11,8 +11,9 @@ from tests.helpers.profile import REFERENCE, Clock
 class FakeChildren:
     """session.Children on a fake clock: each candidate costs its `cost` seconds, up to its cap."""
 
-    # the blocks row free (0 s), so that the budget's arithmetic below is the dense rows'
+    # the blocks rows free (0 s), so that the budget's arithmetic below is the dense rows'
     costs = {"vllm float32 eager": 40.0, "vllm float16 eager": 100.0, "static blocks eager": 0.0}
+    costs |= {"vllm blocks eager": 0.0}
 
     imports_s = 0.0  # what the children's imports take on the clock
 
@@ -71,6 +72,7 @@ def test_each_candidate_has_its_cap_and_the_budget_decides_what_starts(model_pat
     assert children.caps["vllm float32 eager"] == 140  # vLLM's first (its fallback): what is left
     assert children.caps["static float16 eager"] == 60  # every other: CAP_SHARE of it
     assert children.caps["static blocks eager"] == 60 and rows["static blocks eager"]["status"] == "measured"
+    assert children.caps["vllm blocks eager"] == 60 and rows["vllm blocks eager"]["status"] == "measured"
     # 10 + 40 + 10 s, then vLLM fp16 eager is killed at its 60 s cap: 30 s left for the rest
     assert rows["vllm float16 eager"]["status"] == "timed out after 60 s (its cap: 60 s)"
     assert children.caps["static bfloat16 eager"] == 30  # what the budget had left
