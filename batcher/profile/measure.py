@@ -9,11 +9,12 @@ measured first), France -> Paris, its start (and compile) seconds, and, only whe
 call of 1, 4 (and, vLLM only, 64) prompts of 20 tokens (the fidelity calls were the warm-up).
 
 The order (`candidates`, `next_candidate`): the eager rows first, fp32 (the reference, static
-then vLLM's, its fallback), fp16 and bf16 (a few seconds each once an engine is built; bf16 was
-unfaithful on every CPU measured so far, yet defaults are decided by measuring); then, per engine,
-the compiled form of its fastest faithful eager row among those whose graphs a later start loads
-(what can win: compiling changes no answer, is faster where measured, but slow from a cold cache;
-`auto` passes over a form compiled again at every start: choose.py), vLLM's first (the static engine's compiled
+then vLLM's, its fallback), each engine's GGUF blocks (fp32's answers), fp16 and bf16 (a few
+seconds each once an engine is built; bf16 was unfaithful on every CPU measured so far, yet
+defaults are decided by measuring); then, per engine, the compiled form of its fastest faithful
+eager row (what can win: compiling changes no answer, is faster where measured, but slow from a
+cold cache; every form's graphs are stored on a CPU, and `auto` passes over a row that says it
+compiles again at every start: choose.py), vLLM's first (the static engine's compiled
 graphs pad every round to BATCH_SIZE rows, which costs a one-prompt run); then the other compiled
 rows, each only where its eager row was faithful (the figures:
 docs/performance.md#the-machine-profile-faithful-first-then-fastest). Every engine keeps one
