@@ -107,6 +107,8 @@ class VLLMSettings:
         from batcher.checkpoint import gguf_source
         from batcher.vllm import blocks
 
+        if self.device != "cpu":
+            raise ValueError("VLLM_WEIGHTS=blocks: the GGUF's blocks are read by CPU kernels; vLLM runs on a GPU here")
         source = gguf_source(self.model_path)
         if source is None:
             raise ValueError(f"{self.model_path} was not converted from a GGUF file: it has no blocks to read")

@@ -64,16 +64,15 @@ def register() -> None:
         if weight.shape != (rows, inputs) or not torch.equal(blocks.dequantize(kind, data, rows, inputs), weight):
             log.warning("vLLM engine: %s stays dense: its GGUF blocks do not hold the weight it loaded", layer.prefix)
             return False
-        layer.blocks_kind, layer.blocks_data, layer.blocks_shape = kind, data, (rows, inputs)
+        # the static engine's layer (its kernel, or the torch fallback where none built); not a submodule
+        layer.__dict__["blocks"] = blocks.BlockLinear(kind, data, rows, inputs)
         if not keep_weight:  # one copy: the blocks
             layer.weight = torch.nn.Parameter(weight.new_empty(0), requires_grad=False)
         return True
 
     def linear(layer, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        rows, inputs = layer.blocks_shape
-        y = blocks.op(layer.blocks_kind)(x.reshape(-1, inputs).contiguous(), layer.blocks_data, rows, inputs)
-        y = y if bias is None else y + bias
-        return y.reshape(*x.shape[:-1], rows)
+        y = layer.blocks(x)
+        return y if bias is None else y + bias
 
     class BlocksLinear(UnquantizedLinearMethod):
         def __init__(self, parts):
@@ -85,7 +84,7 @@ def register() -> None:
                 super().process_weights_after_loading(layer)
 
         def apply(self, layer, x, bias=None):
-            return linear(layer, x, bias) if hasattr(layer, "blocks_data") else super().apply(layer, x, bias)
+            return linear(layer, x, bias) if "blocks" in layer.__dict__ else super().apply(layer, x, bias)
 
     class BlocksHead(UnquantizedEmbeddingMethod):
         def __init__(self, parts):
@@ -97,7 +96,7 @@ def register() -> None:
                 super().process_weights_after_loading(layer)
 
         def apply(self, layer, x, bias=None):
-            return linear(layer, x, bias) if hasattr(layer, "blocks_data") else super().apply(layer, x, bias)
+            return linear(layer, x, bias) if "blocks" in layer.__dict__ else super().apply(layer, x, bias)
 
     @register_quantization_config(NAME)
     class GGUFBlocks(QuantizationConfig):

@@ -25,7 +25,7 @@ def main(settings: str, prompts: str) -> None:
     tokens = [list(out.outputs[0].token_ids) for out in llm.generate(json.loads(prompts), greedy, use_tqdm=False)]
 
     def blocks(model) -> dict:
-        return {name: m.weight.numel() for name, m in model.named_modules() if hasattr(m, "blocks_data")}
+        return {name: m.weight.numel() for name, m in model.named_modules() if "blocks" in m.__dict__}
 
     print(json.dumps({"dtype": settings.dtype, "tokens": tokens, "blocks": llm.apply_model(blocks)[0]}))
 
