@@ -1,7 +1,7 @@
 """The profile's key and its file: one JSON per key under PROFILE_DIR, written atomically.
 
 The key holds what changes a measurement's answer: the CPU's model name and flags (what kernels
-torch and vLLM can pick), torch's and vLLM's versions, and the model file (size and mtime: a
+torch and vLLM can pick), torch's and vLLM's versions, our block kernels' source, and the model file (size and mtime: a
 reconverted checkpoint is measured again). A changed machine finds no file for its key, and its
 `auto`s fall back to fp32 eager until it is measured.
 """
@@ -16,6 +16,7 @@ from importlib import metadata
 from pathlib import Path
 
 from batcher.settings import BLOCKS
+from batcher.static import kernels
 
 DEFAULT_PROFILE_DIR = ".cache/profile"  # PROFILE_DIR's default (service/config.py reads it here)
 
@@ -53,6 +54,7 @@ def machine_key(model_path: str, cpu: dict | None = None) -> dict:
         "vllm": _version("vllm"),
         # beyond the dtypes: a profile from before a form was added measures again
         "forms": [f"static {BLOCKS}", f"static {BLOCKS} compiled", "static dense compiled, stored", f"vllm {BLOCKS}"],
+        "kernels": kernels.digest(),  # a changed kernel changes the block rows' speeds
         "model": {
             "path": os.path.abspath(model_path),
             "bytes": stat and stat.st_size,

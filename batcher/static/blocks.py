@@ -12,7 +12,6 @@ calls `F.linear`: the same answer, to fp32's rounding, at a fraction of the spee
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
@@ -24,10 +23,10 @@ import torch
 import torch.nn.functional as F
 
 from batcher.compile_cache import kernel_dir
+from batcher.static.kernels import SOURCE, digest
 
 log = logging.getLogger(__name__)
 DEFAULT_KERNEL_DIR = kernel_dir("")  # under COMPILE_CACHE_DIR's default
-SOURCE = Path(__file__).parent / "kernels" / "blocks.cpp"
 QK = 32  # weights a block, along the input dimension
 BLOCK_BYTES = {"q4_1": 20, "q4_0": 18, "q8_0": 34}
 
@@ -44,8 +43,7 @@ def build(folder: str | Path = DEFAULT_KERNEL_DIR) -> ModuleType | None:
     global _loaded
     if _loaded is not None:
         return _loaded
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
-    directory = Path(folder) / re.sub(r"[^\w.-]", "_", f"torch-{torch.__version__}-{digest}")
+    directory = Path(folder) / re.sub(r"[^\w.-]", "_", f"torch-{torch.__version__}-{digest()}")
     try:
         from torch.utils.cpp_extension import load
 

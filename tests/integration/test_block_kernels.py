@@ -13,8 +13,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 KINDS = ("q4_1", "q4_0", "q8_0")
 PATHS = ("avx512", "avx2", "scalar")
-# rows: every tile width (8 with AVX-512, 4 with AVX2) and remainder, and the dense path (130)
-INPUTS, OUTPUTS, ROWS = (64, 576, 1536), (1, 7, 576), (1, 2, 3, 4, 5, 8, 9, 13, 47, 130)
+# rows: every tile width (8 with AVX-512, 4 with AVX2) and remainder; the GEMM's passes (16 rows
+# with AVX2, 64 with AVX-512), full and partial (24 and 47 with AVX2, 64 and 130 with AVX-512);
+# the dense path (64 and up with AVX2, 300). outputs: the GEMM's panels of 6 and groups of 48, and parts
+INPUTS, OUTPUTS, ROWS = (64, 576, 1536), (1, 7, 50, 576), (1, 2, 3, 4, 5, 8, 9, 13, 24, 47, 64, 130, 300)
 # of |x| @ |W|^T, each output's scale: fp32 rounding summed over K terms in some order (about 1e-7
 # here), far under a wrong block, nibble or scale (1e-2 and up)
 TOLERANCE = 2e-6

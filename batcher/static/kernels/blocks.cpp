@@ -4,9 +4,10 @@
 // a Q4_1 block holds 32 weights in 20 bytes where fp32 needs 128. Each block becomes its 32 fp32
 // weights in registers (one fused d * code + m each) and is applied to a tile of up to TILE rows
 // of x. At one row that costs the vector uops that a dot of the codes scaled afterwards costs; at
-// more, fewer (two FMAs a row and block, not three and the offset's). Up to DENSE_ROWS rows, a
-// chunk of weight rows stays in cache while the tiles of x stream over it; from there on, slices
-// of weights are dequantized for torch's GEMM.
+// more, fewer (two FMAs a row and block, not three and the offset's). Up to GEMM_ROWS rows, a
+// chunk of weight rows stays in cache while the tiles of x stream over it; from there, a GEMM of
+// our own (see `gemm`) dequantizes a few weight rows at a time into L1 and applies them to every
+// row of x; from DENSE_ROWS on, slices of weights are dequantized for torch's GEMM.
 // The .so is built without -march=native: each vector path carries its own target attribute and
 // the path is chosen at run time, so one build runs on an AVX2-only Zen 3 and an AVX-512 Xeon.
 #include <torch/extension.h>
@@ -17,6 +18,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -30,9 +32,14 @@ constexpr int TILE = 8, TILE_AVX2 = 4;
 // How far ahead of the block in hand a row's bytes are asked for: a page, so that the next one is
 // on its way when the hardware prefetcher stops at the page's end.
 constexpr int PREFETCH = 4096;
-// From this many rows of x on, a call dequantizes and calls torch's GEMM (see `dense`): below it,
-// tiles are faster (the GEMM's setup and a dequantized copy cost more than they save).
-constexpr int64_t DENSE_ROWS = 48;
+// From GEMM_ROWS rows of x on, a call runs `gemm` (x's rows along the lanes: no horizontal sums,
+// each weight unpacked once for all rows); from DENSE_ROWS on, torch's GEMM on dequantized slices
+// (`dense`), which blocks a prefill's thousands of rows for the caches better than `gemm` does.
+// Where each path starts to be faster than the last, measured on an AVX-512 Xeon (its AVX2 path
+// forced for the second pair); the scalar path has no `gemm`.
+constexpr int64_t GEMM_ROWS = 48, DENSE_ROWS = 144, GEMM_ROWS_AVX2 = 24, DENSE_ROWS_AVX2 = 64;
+// Weight rows `gemm` dequantizes at a time: NR x 4 accumulators and 4 registers of x in AVX-512's 32.
+constexpr int NR = 6;
 
 enum Isa { SCALAR = 0, AVX2_FMA = 1, AVX512_F = 2 };
 
@@ -298,6 +305,96 @@ void dense(const Call& c, const torch::Tensor& x, torch::Tensor& y) {
   }
 }
 
+// A GEMM in BLIS's shape for a decode step of many sequences: x transposed once a call into passes
+// of P rows (x's rows along a register's lanes, zero past M), and for each panel of NR weight rows,
+// dequantized once into a buffer that stays in L1, every pass as outer products: one weight
+// broadcast and V FMAs per weight row and input. FMAs bound, where the tiles are bound by loading
+// x beside every FMA and summing each output across a register.
+template <int V>
+AVX512 void outer_avx512(const float* xt, const float* w, int64_t K, float* out) {
+  constexpr int P = 64;
+  __m512 acc[NR][V];
+  for (int j = 0; j < NR; ++j)
+    for (int v = 0; v < V; ++v) acc[j][v] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    __m512 xv[V];
+    for (int v = 0; v < V; ++v) xv[v] = _mm512_loadu_ps(xt + k * P + 16 * v);
+    for (int j = 0; j < NR; ++j) {
+      const __m512 b = _mm512_set1_ps(w[j * K + k]);
+      for (int v = 0; v < V; ++v) acc[j][v] = _mm512_fmadd_ps(b, xv[v], acc[j][v]);
+    }
+  }
+  for (int j = 0; j < NR; ++j)
+    for (int v = 0; v < V; ++v) _mm512_storeu_ps(out + j * P + 16 * v, acc[j][v]);
+}
+
+template <int V>
+AVX2 void outer_avx2(const float* xt, const float* w, int64_t K, float* out) {
+  constexpr int P = 16;
+  __m256 acc[NR][V];
+  for (int j = 0; j < NR; ++j)
+    for (int v = 0; v < V; ++v) acc[j][v] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    __m256 xv[V];
+    for (int v = 0; v < V; ++v) xv[v] = _mm256_loadu_ps(xt + k * P + 8 * v);
+    for (int j = 0; j < NR; ++j) {
+      const __m256 b = _mm256_set1_ps(w[j * K + k]);
+      for (int v = 0; v < V; ++v) acc[j][v] = _mm256_fmadd_ps(b, xv[v], acc[j][v]);
+    }
+  }
+  for (int j = 0; j < NR; ++j)
+    for (int v = 0; v < V; ++v) _mm256_storeu_ps(out + j * P + 8 * v, acc[j][v]);
+}
+
+template <class F>
+void gemm(const Call& c, torch::Tensor& y) {
+  using Outer = void (*)(const float*, const float*, int64_t, float*);
+  const bool wide = active == AVX512_F;
+  const Outer avx512[] = {outer_avx512<1>, outer_avx512<2>, outer_avx512<3>, outer_avx512<4>};
+  const Outer avx2[] = {outer_avx2<1>, outer_avx2<2>};
+  const Outer* outer = wide ? avx512 : avx2;
+  auto convert = wide ? dense_avx512<F> : dense_avx2<F>;
+  // Passes of up to P rows, as even as whole registers allow (80 rows: 48 + 32, not 64 + 16: a
+  // pass of one register has too few accumulators to hide an FMA's latency).
+  const int64_t lanes = wide ? 16 : 8, P = wide ? 64 : 16, M = y.size(0);
+  const int64_t vectors = (M + lanes - 1) / lanes, passes = (vectors + P / lanes - 1) / (P / lanes);
+  auto first = [&](int64_t pass) { return std::min(M, pass * vectors / passes * lanes); };
+  // x's rows along the lanes: xt [passes][K][P], zero past each pass's rows
+  auto xt = torch::empty({passes, c.K, P}, y.options());
+  float* xp = xt.data_ptr<float>();
+  at::parallel_for(0, passes * c.nb, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t pass = i / c.nb, k0 = i % c.nb * QK, m0 = first(pass), m1 = first(pass + 1);
+      float* to = xp + (pass * c.K + k0) * P;
+      for (int64_t r = 0; r < P; ++r)
+        for (int64_t k = 0; k < QK; ++k) to[k * P + r] = m0 + r < m1 ? c.x[(m0 + r) * c.K + k0 + k] : 0.f;
+    }
+  });
+  // Outputs of GROUP panels are gathered, then written to y a row at a time: a panel's own NR
+  // columns of y, one short piece in each of P rows N floats apart, would keep the same few cache
+  // sets busy (rows a multiple of 4 KiB apart share them).
+  constexpr int64_t GROUP = 8;
+  const int64_t panels = (c.N + NR - 1) / NR;
+  at::parallel_for(0, (panels + GROUP - 1) / GROUP, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> w(NR * c.K, 0.f), out(passes * GROUP * NR * P);  // weight rows past N stay zero
+    for (int64_t group = begin; group < end; ++group) {
+      const int64_t n_first = group * GROUP * NR, cols = std::min(GROUP * NR, c.N - n_first);
+      for (int64_t n0 = n_first; n0 < n_first + cols; n0 += NR) {
+        convert(c, n0, std::min(n0 + NR, c.N), w.data());
+        for (int64_t pass = 0; pass < passes; ++pass) {
+          const int64_t used = (first(pass + 1) - first(pass) + lanes - 1) / lanes;
+          outer[used - 1](xp + pass * c.K * P, w.data(), c.K, out.data() + (pass * GROUP * NR + n0 - n_first) * P);
+        }
+      }
+      for (int64_t pass = 0; pass < passes; ++pass)
+        for (int64_t m = first(pass); m < first(pass + 1); ++m) {
+          const float* o = out.data() + pass * GROUP * NR * P + m - first(pass);
+          for (int64_t j = 0; j < cols; ++j) c.y[m * c.N + n_first + j] = o[j * P];
+        }
+    }
+  });
+}
+
 using Rows = void (*)(const Call&, int64_t, int64_t, int64_t);
 
 template <class F, int R>
@@ -321,8 +418,13 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, int64_t N, 
   const int64_t M = x.size(0);
   auto y = torch::empty({M, N}, x.options());
   Call c{x.data_ptr<float>(), w.data_ptr<uint8_t>(), y.data_ptr<float>(), N, K, nb, row_bytes};
-  if (M >= DENSE_ROWS) {
+  const bool avx2 = active == AVX2_FMA;
+  if (M >= (active == SCALAR ? GEMM_ROWS : avx2 ? DENSE_ROWS_AVX2 : DENSE_ROWS)) {
     dense<F>(c, x, y);
+    return y;
+  }
+  if (M >= (avx2 ? GEMM_ROWS_AVX2 : GEMM_ROWS)) {
+    gemm<F>(c, y);
     return y;
   }
   const Rows tiles[TILE] = {pick<F, 1>(active), pick<F, 2>(active), pick<F, 3>(active), pick<F, 4>(active),
