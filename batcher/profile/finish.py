@@ -32,7 +32,8 @@ FINISH_BUDGET_S = FINISH_CAP_S / measure.CAP_SHARE  # so that each candidate's c
 
 def unfinished(profile: dict | None) -> list[tuple[str, str, bool]]:
     """Per engine (vLLM first), the compiled form of its fastest faithful eager row that `auto`
-    may take (choose.best_to_compile), where the budget or its cap cut it short; [] once
+    may take (choose.best_to_compile), where the budget or its cap cut it short, or where a cold
+    compile spent its cap ("too slow" after compiling: a later start loads the graphs); [] once
     finished, or with nothing faithful to compile."""
     if profile is None or profile.get("finished_at") or profile.get("reference") != "measured":
         return []
@@ -43,7 +44,8 @@ def unfinished(profile: dict | None) -> list[tuple[str, str, bool]]:
             continue
         candidate = (engine, best["dtype"], False)
         row = next((r for r in rows if (r["engine"], r["dtype"], r["eager"]) == candidate), None)
-        if row is None or row.get("status", "").startswith("timed out"):
+        status = "" if row is None else row.get("status", "")
+        if row is None or status.startswith("timed out") or (status.startswith("too slow") and row.get("compile_s")):
             todo.append(candidate)
     return todo
 

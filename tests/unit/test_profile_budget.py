@@ -270,6 +270,19 @@ def test_what_is_finished_is_each_engines_best_compiled_row_the_budget_cut_short
     assert finish.unfinished(None) == []
 
 
+def test_a_compiled_row_whose_cold_compile_spent_its_cap_is_finished_and_one_slow_without_one_is_not():
+    profile = cut_short()
+    profile["rows"][3] = {**measured("vllm", "float32", False, 0.7)}
+    slow = "too slow: projected 74 s, over its cap of 74 s"
+    profile["rows"][4] = {**timed_out("static", "blocks", slow), "compile_s": 58.7, "stored": True}
+    assert finish.unfinished(profile) == [("static", "blocks", False)]
+    profile["rows"][4] = {
+        **timed_out("static", "blocks", slow),
+        "compile_s": None,
+    }  # its graphs were loaded: it is slow
+    assert finish.unfinished(profile) == []
+
+
 def test_the_finished_rows_replace_the_ones_cut_short_and_the_rest_stay():
     profile, todo = cut_short(), [("vllm", "float32", False), ("static", "blocks", False)]
     again = measured("static", "float32", True, 5.0)  # the reference, measured again beside them: not merged
